@@ -1,0 +1,34 @@
+"""The `broadcast` kind: carries the trainer's weights to the inference engine after each step.
+
+One class holds both ends: `publish` on the trainer, `poll` on the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from grpokit.types import WeightUpdate
+
+
+class WeightBroadcast(ABC):
+    """Contract: `publish(update)` makes step `update.step` visible whole; `poll(after_step)` returns the
+    newest complete update with a step greater than `after_step`, or None. `poll` never blocks and
+    never returns a partially written update. `setup(run_dir)` is called once per process first.
+    """
+
+    run_dir: Path
+
+    def setup(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    @abstractmethod
+    def publish(self, update: WeightUpdate) -> None:
+        """Make the update visible to pollers; returns once it is complete."""
+
+    @abstractmethod
+    def poll(self, after_step: int) -> WeightUpdate | None:
+        """Return the newest complete update newer than `after_step`, or None."""
+
+    def close(self) -> None:
+        """Release process groups or handles."""

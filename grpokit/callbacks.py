@@ -1,0 +1,38 @@
+"""Lightning callbacks that tie the trainer to the rest of the loop."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+
+from grpokit.broadcast import WeightBroadcast
+
+
+class WeightSync(L.Callback):
+    """Publishes the policy's weights after every optimizer step.
+
+    Step numbering: the weights published as step n have seen n optimizer steps, and the trainer's
+    step n trains on the batch for step n. The initial weights (step 0) are published before fit
+    starts (Lightning fetches the first batch before on_train_start, and that batch needs them).
+    """
+
+    def __init__(self, broadcast: WeightBroadcast) -> None:
+        self.broadcast = broadcast
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        start = time.perf_counter()
+        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+        pl_module.log("weight_sync_time", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)
+
+
+class StepTimer(L.Callback):
+    """Logs step_time: wall time between consecutive train batch ends (waiting for rollouts included)."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        pl_module.log("step_time", now - self._last, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
+        self._last = now

@@ -1,0 +1,124 @@
+"""`grpokit` command line: `fit` (LightningCLI over one YAML recipe) and `registry list`.
+
+A recipe has Lightning's sections (model = Policy, data = Orchestrator, trainer) plus `inference` (the
+engine), `broadcast` (trainer -> engine weights), `output_dir` and `run_name`. Each run writes
+`{output_dir}/{run_name}/`: config.yaml (the resolved recipe), metrics.csv, samples.jsonl, and the
+rollouts/ and broadcasts/ folders the roles talk through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from grpokit.broadcast import WeightBroadcast
+from grpokit.callbacks import StepTimer, WeightSync
+from grpokit.components import clashes, components, discover
+from grpokit.inference import InferenceEngine
+from grpokit.models import load_tokenizer
+from grpokit.orchestrator import Orchestrator
+from grpokit.policy import Policy
+
+CSV_LOGGER = "lightning.pytorch.loggers.CSVLogger"
+
+
+class GrpoCLI(LightningCLI):
+    """LightningCLI with grpokit's extra recipe sections and the co-locate wiring for `fit`."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        from grpokit.broadcast.filesystem import FilesystemBroadcast
+        from grpokit.inference.builtin import BuiltinEngine
+
+        parser.add_argument("--output_dir", type=str, default="outputs", help="Folder that holds one subfolder per run.")
+        parser.add_argument("--run_name", type=str | None, default=None, help="Run folder name (default run_<timestamp>); set it to share a run between processes.")
+        parser.add_argument("--num_threads", type=int | None, default=None, help="torch CPU threads (default: torch's choice).")
+        parser.add_subclass_arguments(InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False)
+        parser.add_subclass_arguments(WeightBroadcast, "broadcast", default=lazy_instance(FilesystemBroadcast), required=False)
+        parser.set_defaults({
+            "trainer.max_steps": 20,
+            "trainer.log_every_n_steps": 1,
+            "trainer.enable_checkpointing": False,
+            "trainer.devices": 1,
+            "trainer.num_sanity_val_steps": 0,
+        })
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.trainer.max_steps is None or config.trainer.max_steps < 1:
+            raise ValueError(f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}")
+        run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
+        config.run_name = run_name
+        self.run_dir = Path(config.output_dir) / run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config.trainer.default_root_dir = str(self.run_dir)
+        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+
+    def before_fit(self) -> None:
+        config = self.config_init[self.subcommand]
+        engine: InferenceEngine = config["inference"]
+        broadcast: WeightBroadcast = config["broadcast"]
+        broadcast.setup(self.run_dir)
+        engine.setup(self.model.model_name)
+        self.model.configure_model()
+        broadcast.publish(self.model.weight_update(step=0))
+        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps)
+        self.trainer.callbacks += [WeightSync(broadcast), StepTimer()]
+        self.datamodule.start()
+
+
+def with_csv_logger(logger, run_dir: Path):
+    """The recipe's loggers plus a CSVLogger writing run_dir/metrics.csv (always on)."""
+    csv = {"class_path": CSV_LOGGER, "init_args": {"save_dir": str(run_dir), "name": "", "version": "", "flush_logs_every_n_steps": 1}}
+    if logger in (None, True):
+        return [csv]
+    if logger is False:
+        return [csv]
+    loggers = list(logger) if isinstance(logger, list) else [logger]
+    if not any(CSV_LOGGER in str(getattr(lg, "class_path", lg.get("class_path") if isinstance(lg, dict) else "")) for lg in loggers):
+        loggers.append(csv)
+    return loggers
+
+
+def registry_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grpokit registry", description="List registered components.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("list", help="list components, optionally of one kind")
+    ls.add_argument("kind", nargs="?", help="loss, advantage, filter, noise, transport, broadcast or inference")
+    args = parser.parse_args(argv)
+    found = components(args.kind)
+    width = max((len(c.name) for c in found), default=4)
+    for c in found:
+        print(f"{c.kind:<10} {c.name:<{width}}  {c.class_path:<55} {c.summary}")
+    for line in clashes(found):
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if clashes(found) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    discover()
+    if argv[:1] == ["registry"]:
+        return registry_main(argv[1:])
+    make_cli(argv)
+    return 0
+
+
+def make_cli(argv: list[str], run: bool = True) -> GrpoCLI:
+    """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked."""
+    return GrpoCLI(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

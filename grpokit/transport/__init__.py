@@ -1,0 +1,36 @@
+"""The `transport` kind: carries TrainingBatches from the orchestrator to the trainer.
+
+One class holds both ends (`send` and `receive`), so a recipe cannot pair a filesystem sender with a
+ZMQ receiver. Payloads are tensors serialised without pickle (see codec.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from grpokit.types import TrainingBatch
+
+
+class Transport(ABC):
+    """Contract: `send(batch)` on the orchestrator side, `receive(step, timeout)` on the trainer side.
+
+    `receive` blocks until the batch for `step` is there and returns it whole, or raises TimeoutError.
+    `setup(run_dir)` is called once per process before either end is used.
+    """
+
+    run_dir: Path
+
+    def setup(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    @abstractmethod
+    def send(self, batch: TrainingBatch) -> None:
+        """Hand the batch over; returns once it is visible to the receiver."""
+
+    @abstractmethod
+    def receive(self, step: int, timeout: float) -> TrainingBatch:
+        """Return the batch for `step`, waiting up to `timeout` seconds."""
+
+    def close(self) -> None:
+        """Release sockets or handles."""

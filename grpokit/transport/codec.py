@@ -1,0 +1,71 @@
+"""TrainingBatch <-> bytes, as safetensors with a JSON header: no pickle, a version, a size limit."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save
+
+from grpokit.types import MicroBatch, TrainingBatch
+
+FORMAT = "grpokit.TrainingBatch"
+VERSION = 1
+MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch)]
+
+
+class BatchFormatError(ValueError):
+    """The bytes are not a TrainingBatch this version of grpokit can read."""
+
+
+def encode_batch(batch: TrainingBatch) -> bytes:
+    tensors = {
+        f"{i}.{name}": getattr(mb, name).contiguous()
+        for i, mb in enumerate(batch.micro_batches)
+        for name in MICRO_BATCH_FIELDS
+    }
+    header = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        "step": str(batch.step),
+        "temperature": repr(batch.temperature),
+        "num_micro_batches": str(len(batch.micro_batches)),
+        "metrics": json.dumps(batch.metrics),
+    }
+    return save(tensors, metadata=header)
+
+
+def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
+    """Parse bytes from `encode_batch`; raises BatchFormatError on anything else."""
+    if len(data) > max_bytes:
+        raise BatchFormatError(f"batch of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    header = _read_header(data)
+    if header.get("format") != FORMAT or header.get("version") != str(VERSION):
+        raise BatchFormatError(f"expected {FORMAT} version {VERSION}, got {header.get('format')!r} version {header.get('version')!r}")
+    try:
+        tensors = load(data)
+        n = int(header["num_micro_batches"])
+        micro_batches = [MicroBatch(**{name: tensors[f"{i}.{name}"] for name in MICRO_BATCH_FIELDS}) for i in range(n)]
+        return TrainingBatch(
+            step=int(header["step"]),
+            micro_batches=micro_batches,
+            temperature=float(header["temperature"]),
+            metrics={k: float(v) for k, v in json.loads(header["metrics"]).items()},
+        )
+    except (KeyError, ValueError, TypeError, SafetensorError) as e:
+        raise BatchFormatError(f"malformed TrainingBatch: {e}") from e
+
+
+def _read_header(data: bytes) -> dict[str, str]:
+    if len(data) < 8:
+        raise BatchFormatError("truncated batch: no safetensors header")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8:
+        raise BatchFormatError("truncated batch: header runs past the end")
+    try:
+        return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BatchFormatError(f"malformed batch header: {e}") from e
+

@@ -1,0 +1,127 @@
+"""The contracts every role agrees on: what a rollout, a training batch and a weight update hold.
+
+Plain tensors and Python scalars only, so a transport can serialise them without pickle.
+
+Shape legend: N sequences in a micro-batch, T packed tokens in a micro-batch, C completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt, scored by its environment.
+
+    Attributes:
+        example_id: index of the example in its environment's dataset.
+        env_id: the environment that produced the prompt and the reward.
+        group_id: rollouts of the same prompt in the same step share a group id.
+        prompt_ids: prompt token ids (chat template applied).
+        completion_ids: sampled completion token ids, EOS included when it was sampled.
+        completion_logprobs: the engine's log-probability of each completion token (len == len(completion_ids)).
+        completion_mask: 1 where the policy wrote the token (trained on), 0 where the environment did.
+        reward: scalar reward from the environment's rubric.
+        is_truncated: the completion hit max_tokens without EOS.
+        policy_step: the trainer step of the weights that sampled it.
+        completion_text: decoded completion, for logs and samples.
+        metrics: per-rollout environment metrics.
+    """
+
+    example_id: int
+    env_id: str
+    group_id: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    completion_mask: list[int]
+    reward: float
+    is_truncated: bool
+    policy_step: int
+    completion_text: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if len(self.completion_logprobs) != n or len(self.completion_mask) != n:
+            raise ValueError(
+                f"rollout {self.example_id}: completion_ids ({n}), completion_logprobs "
+                f"({len(self.completion_logprobs)}) and completion_mask ({len(self.completion_mask)}) "
+                "must have the same length"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class MicroBatch:
+    """Sequences packed end to end into one row of T tokens.
+
+    Token t's fields describe the prediction of input_ids[t] from the tokens before it in its own
+    sequence; loss_mask is 0 on prompt tokens, environment tokens and padding.
+
+    Attributes:
+        input_ids_T: packed token ids.
+        position_ids_T: position of each token inside its own sequence (restarts at 0 per sequence).
+        loss_mask_T: 1.0 on tokens the loss trains on.
+        advantages_T: the sequence's advantage, broadcast to its tokens.
+        inference_logprobs_T: the engine's logprob of each token (0 where loss_mask is 0).
+        seq_lens_N: length of each packed sequence; they sum to T (padding is a last, masked sequence).
+    """
+
+    input_ids_T: torch.Tensor
+    position_ids_T: torch.Tensor
+    loss_mask_T: torch.Tensor
+    advantages_T: torch.Tensor
+    inference_logprobs_T: torch.Tensor
+    seq_lens_N: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids_T.numel())
+
+    def seq_ids_T(self) -> torch.Tensor:
+        """Index of the sequence each token belongs to."""
+        return torch.repeat_interleave(torch.arange(len(self.seq_lens_N)), self.seq_lens_N)
+
+
+@dataclass
+class TrainingBatch:
+    """Everything the trainer needs for one optimizer step.
+
+    Attributes:
+        step: the trainer step this batch is for.
+        micro_batches: gradients of all micro-batches are accumulated into one optimizer step.
+        temperature: sampling temperature the logprobs were taken at; the trainer scales its logits
+            by the same value so the importance ratio compares like with like.
+        metrics: orchestrator metrics for this step (reward mean/std, lengths, off-policy gap, ...).
+    """
+
+    step: int
+    micro_batches: list[MicroBatch]
+    temperature: float = 1.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(sum(mb.loss_mask_T.sum().item() for mb in self.micro_batches))
+
+
+@dataclass
+class WeightUpdate:
+    """The trainer's weights after a step, as the engine needs them.
+
+    Attributes:
+        step: the number of optimizer steps these weights have seen.
+        tensors: LoRA adapter tensors (peft naming) when lora_config is set, else the full state dict.
+        lora_config: the peft LoraConfig as a dict, or None for a full-weights update.
+    """
+
+    step: int
+    tensors: dict[str, torch.Tensor]
+    lora_config: dict | None = None

@@ -1,0 +1,1 @@
+"""Shipped recipes (YAML), installed as package data: `grpokit.recipes`."""

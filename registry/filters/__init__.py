@@ -1,0 +1,1 @@
+"""Built-in rollout filters (kind `filter`)."""

@@ -1,0 +1,93 @@
+"""Registry: listing, short names, class paths, ambiguity, and a third-party entry-point plugin."""
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpokit.cli import main, make_cli
+from grpokit.components import clashes, components, discover
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "recipes" / "reverse_text.yaml")
+
+
+def build(tmp_path, *overrides):
+    return make_cli(["--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "t", *overrides], run=False)
+
+
+def test_list_shows_builtins(capsys):
+    assert main(["registry", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ["AIPO", "GroupNorm", "Overlong", "FilesystemTransport", "FilesystemBroadcast", "BuiltinEngine"]:
+        assert name in out
+    assert "grpokit.registry.losses.aipo.AIPO" in out
+    names = {c.name for c in components("loss")}
+    assert "AIPO" in names and "GroupNorm" not in names
+
+
+def test_short_name_and_class_path_resolve_to_the_same_class(tmp_path):
+    short = build(tmp_path, "--model.loss", "AIPO")
+    full = build(tmp_path, "--model.loss", "grpokit.registry.losses.aipo.AIPO", "--model.loss.init_args.token_mask_high", "4")
+    assert type(short.model.loss) is type(full.model.loss)
+    assert full.model.loss.token_mask_high == 4.0
+
+
+def make_package(site, name, source):
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(textwrap.dedent(source))
+
+
+def test_ambiguous_short_name_names_both_class_paths(tmp_path):
+    # In a subprocess: a second GroupNorm subclass must not leak into the other tests of this session.
+    make_package(tmp_path / "site", "other_lab", """
+        from grpokit.advantage import Advantage
+
+        class GroupNorm(Advantage):
+            \"\"\"Another lab's GroupNorm.\"\"\"
+
+            def __call__(self, rewards_PG, lengths_PG):
+                return rewards_PG
+    """)
+    script = (
+        "import other_lab, sys\n"
+        "from grpokit.components import clashes, components, discover\n"
+        "discover()\n"
+        "print(clashes(components('advantage')))\n"
+        "from grpokit.cli import main\n"
+        f"main(['fit', '--config', {RECIPE!r}, '--output_dir', {str(tmp_path)!r}, '--print_config'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode != 0
+    both = ("other_lab.GroupNorm", "grpokit.registry.advantages.group_norm.GroupNorm")
+    assert all(p in result.stdout for p in both), result.stdout  # grpokit registry's clash report
+    assert "data.advantage" in result.stderr and all(p in result.stderr for p in both), result.stderr
+
+
+def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    make_package(site, "lab_plugin", '''
+        from grpokit.advantage import Advantage
+
+        class CenteredOnly(Advantage):
+            """r - group mean, no std scaling (a lab's own advantage)."""
+
+            def __call__(self, rewards_PG, lengths_PG):
+                return rewards_PG - rewards_PG.mean(-1, keepdim=True)
+    ''')
+    dist = site / "lab_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[grpokit.registry]\nlab = lab_plugin\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    discover()
+    assert "lab_plugin" in sys.modules
+    assert any(c.class_path == "lab_plugin.CenteredOnly" for c in components("advantage"))
+    cli = build(tmp_path, "--data.advantage", "CenteredOnly")
+    assert type(cli.datamodule.advantage).__module__ == "lab_plugin"
