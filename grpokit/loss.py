@@ -25,6 +25,14 @@ class LossInputs:
         num_seqs: N.
         loss_normalizer: the number of loss tokens in the whole optimizer step (all micro-batches),
             so gradient accumulation over micro-batches gives the same gradient as one big batch.
+        step_num_seqs: sequences with at least one loss token in the whole optimizer step (the
+            denominator of per-sequence-mean normalisations such as GRPO's).
+        is_truncated_N: True for sequences cut at max_tokens without EOS (None if unknown).
+        ref_logprobs_T: a frozen reference policy's logprobs (no gradient); set only when the loss
+            declares `needs_reference = True`.
+        num_micro_batches: micro-batches in the optimizer step (for per-micro-batch normalisations).
+        step: the trainer step (0-based), for losses with schedules.
+        max_steps: the run's number of steps.
     """
 
     trainer_logprobs_T: torch.Tensor
@@ -34,6 +42,12 @@ class LossInputs:
     seq_ids_T: torch.Tensor
     num_seqs: int
     loss_normalizer: float
+    step_num_seqs: int = 1
+    is_truncated_N: torch.Tensor | None = None
+    ref_logprobs_T: torch.Tensor | None = None
+    num_micro_batches: int = 1
+    step: int = 0
+    max_steps: int = 1
 
 
 class Loss(ABC):
@@ -43,7 +57,12 @@ class Loss(ABC):
     micro-batches' losses with no further averaging, so normalise by `inputs.loss_normalizer` (or a
     constant). `metrics` maps names to 0-dim detached tensors holding means over this micro-batch's
     loss tokens; the trainer averages them over micro-batches weighted by loss tokens.
+
+    A loss that sets the class attribute `needs_reference = True` gets `inputs.ref_logprobs_T` from a
+    frozen copy of the initial policy (with LoRA: the base model, adapter disabled).
     """
+
+    needs_reference: bool = False
 
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -20,7 +20,7 @@ from grpokit.logprobs import packed_token_logprobs
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import load_causal_lm, parse_dtype
-from grpokit.types import TrainingBatch, WeightUpdate
+from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
 
 @dataclass
@@ -84,6 +84,7 @@ class Policy(L.LightningModule):
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
         self.automatic_optimization = False
         self.lm: torch.nn.Module | None = None
+        self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
 
     def configure_model(self) -> None:
         if self.lm is not None:
@@ -122,19 +123,13 @@ class Policy(L.LightningModule):
         batch: TrainingBatch = next(dataloader_iter)[0]
         start = time.perf_counter()
         opt, sched = self.optimizers(), self.lr_schedulers()
-        normalizer = max(batch.num_loss_tokens, 1)
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
         for mb in batch.micro_batches:
-            logprobs_T = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature)
-            inputs = LossInputs(
-                trainer_logprobs_T=logprobs_T, inference_logprobs_T=mb.inference_logprobs_T.float(),
-                advantages_T=mb.advantages_T.float(), loss_mask_T=mb.loss_mask_T.float(),
-                seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N), loss_normalizer=float(normalizer),
-            )
+            inputs = self.loss_inputs(mb, batch)
             loss, metrics = self.loss(inputs)
             self.manual_backward(loss)
             totals += loss.detach().double().cpu()
-            metrics.update(mismatch_metrics(logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T))
+            metrics.update(mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T))
             mb_metrics.append(metrics)
             weights.append(float(inputs.loss_mask_T.sum()))
         grad_norm = self._clip_gradients()
@@ -146,6 +141,29 @@ class Policy(L.LightningModule):
         logs.update(batch.metrics)
         logs["train_time"] = time.perf_counter() - start
         self._log_step(logs)
+
+    def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
+        """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""
+        logprobs_T = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature)
+        ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
+        return LossInputs(
+            trainer_logprobs_T=logprobs_T, inference_logprobs_T=mb.inference_logprobs_T.float(),
+            advantages_T=mb.advantages_T.float(), loss_mask_T=mb.loss_mask_T.float(),
+            seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N),
+            loss_normalizer=float(max(batch.num_loss_tokens, 1)), step_num_seqs=max(batch.num_loss_seqs, 1),
+            is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, num_micro_batches=len(batch.micro_batches),
+            step=self.trainer.global_step if self._trainer else 0, max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
+        )
+
+    @torch.no_grad()
+    def reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        """Logprobs under the initial policy: the base model with the adapter off, or a frozen copy."""
+        if self.lora is not None:
+            with self.lm.disable_adapter():
+                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+        if self.ref_lm is None:
+            self.ref_lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False)
+        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.lm.parameters() if p.grad is not None]

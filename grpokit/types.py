@@ -71,7 +71,8 @@ class MicroBatch:
         loss_mask_T: 1.0 on tokens the loss trains on.
         advantages_T: the sequence's advantage, broadcast to its tokens.
         inference_logprobs_T: the engine's logprob of each token (0 where loss_mask is 0).
-        seq_lens_N: length of each packed sequence; they sum to T (padding is a last, masked sequence).
+        seq_lens_N: length of each packed sequence; they sum to T.
+        is_truncated_N: 1 for sequences whose completion hit max_tokens without a stop.
     """
 
     input_ids_T: torch.Tensor
@@ -80,6 +81,7 @@ class MicroBatch:
     advantages_T: torch.Tensor
     inference_logprobs_T: torch.Tensor
     seq_lens_N: torch.Tensor
+    is_truncated_N: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +112,15 @@ class TrainingBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(sum(mb.loss_mask_T.sum().item() for mb in self.micro_batches))
+
+    @property
+    def num_loss_seqs(self) -> int:
+        """Sequences with at least one loss token."""
+        total = 0
+        for mb in self.micro_batches:
+            per_seq_N = torch.zeros(len(mb.seq_lens_N)).index_add(0, mb.seq_ids_T(), mb.loss_mask_T.float())
+            total += int((per_seq_N > 0).sum())
+        return total
 
 
 @dataclass

@@ -51,4 +51,5 @@ def _micro_batch(rollouts: list[Rollout], advantages: list[float], trainable: li
         advantages_T=torch.tensor(adv, dtype=torch.float32),
         inference_logprobs_T=torch.tensor(logp, dtype=torch.float32),
         seq_lens_N=torch.tensor([r.num_tokens for r in rollouts], dtype=torch.long),
+        is_truncated_N=torch.tensor([r.is_truncated for r in rollouts], dtype=torch.bool),
     )

@@ -23,6 +23,7 @@ def micro_batch(g: torch.Generator, tokens: int) -> MicroBatch:
         advantages_T=torch.randn(tokens, generator=g),
         inference_logprobs_T=-torch.rand(tokens, generator=g),
         seq_lens_N=torch.tensor([tokens]),
+        is_truncated_N=torch.tensor([False]),
     )
 
 
