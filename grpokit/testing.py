@@ -1,0 +1,90 @@
+"""Contract checks for components, shipped so plugin authors can run them on their own classes.
+
+    from grpokit.testing import check_component
+    check_component(MyLoss)          # raises AssertionError naming the broken rule
+
+tests/test_contracts.py runs them over every registered subclass (built-ins and installed plugins).
+Components are built with their defaults: every argument of a component needs a default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.advantage import Advantage
+from grpokit.filter import Filter
+from grpokit.loss import Loss, LossInputs
+from grpokit.types import Rollout
+
+
+def check_component(cls: type) -> None:
+    """Run the contract checks of `cls`'s kind (loss, advantage or filter); other kinds are skipped."""
+    for base, check in ((Loss, check_loss), (Advantage, check_advantage), (Filter, check_filter)):
+        if issubclass(cls, base):
+            check(cls())
+
+
+def loss_inputs(trainer_T, inference_T, adv_T, mask_T, seq_ids_T, ref_T=None) -> LossInputs:
+    return LossInputs(
+        trainer_logprobs_T=trainer_T, inference_logprobs_T=inference_T, advantages_T=adv_T, loss_mask_T=mask_T,
+        seq_ids_T=seq_ids_T, num_seqs=int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0,
+        loss_normalizer=float(max(mask_T.sum().item(), 1)), step_num_seqs=max(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 1, 1),
+        is_truncated_N=torch.zeros(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0, dtype=torch.bool), ref_logprobs_T=ref_T,
+    )
+
+
+def check_loss(loss: Loss) -> None:
+    """0-dim finite loss, 0-dim detached metrics, gradient on trainer logprobs, no NaN on edge inputs."""
+    name = type(loss).__name__
+    g = torch.Generator().manual_seed(0)
+    cases = {
+        "random": (12, torch.tensor([0] * 5 + [1] * 4 + [2] * 3), torch.ones(12)),
+        "single token": (1, torch.tensor([0]), torch.ones(1)),
+        "all masked": (6, torch.tensor([0, 0, 0, 1, 1, 1]), torch.zeros(6)),
+        "prompt tokens masked": (6, torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0.0, 1, 1, 0, 1, 1])),
+    }
+    for case, (t, seq_ids, mask) in cases.items():
+        mask = mask.double()
+        trainer = (-torch.rand(t, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+        inference = trainer.detach() + 0.05 * torch.randn(t, generator=g, dtype=torch.float64)
+        adv = torch.randn(int(seq_ids.max()) + 1, generator=g, dtype=torch.float64)[seq_ids]
+        ref = trainer.detach() - 0.1 if loss.needs_reference else None
+        out, metrics = loss(loss_inputs(trainer, inference, adv, mask, seq_ids, ref))
+        assert out.dim() == 0 and torch.isfinite(out), f"{name} ({case}): loss must be a finite 0-dim tensor, got {out}"
+        for key, value in metrics.items():
+            assert torch.is_tensor(value) and value.dim() == 0 and not value.requires_grad, f"{name} ({case}): metric {key} must be a detached 0-dim tensor"
+            assert torch.isfinite(value), f"{name} ({case}): metric {key} is {value}"
+        out.backward()
+        grad = trainer.grad
+        assert grad is not None and torch.all(torch.isfinite(grad)), f"{name} ({case}): gradient must reach trainer_logprobs_T and be finite"
+        assert torch.all(grad[mask == 0] == 0), f"{name} ({case}): masked tokens must get zero gradient"
+        if case == "random":
+            assert grad.abs().sum() > 0, f"{name}: no gradient on unmasked tokens with non-zero advantages"
+
+
+def check_advantage(advantage: Advantage) -> None:
+    """Shape and dtype kept, finite, zero advantage for groups whose rewards are all equal."""
+    name = type(advantage).__name__
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(4, 6, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, 30, (4, 6), generator=g).double()
+    out = advantage(rewards, lengths)
+    assert out.shape == rewards.shape and out.dtype == rewards.dtype, f"{name}: output must have the rewards' shape and dtype"
+    assert torch.all(torch.isfinite(out)), f"{name}: non-finite advantages"
+    equal = torch.full((3, 5), 0.5, dtype=torch.float64)
+    zeros = advantage(equal, torch.ones_like(equal))
+    assert torch.all(zeros == 0), f"{name}: groups with equal rewards must get exactly zero advantage, got {zeros}"
+
+
+def check_filter(flt: Filter) -> None:
+    """One bool per rollout; an empty list gives an empty list."""
+    name = type(flt).__name__
+    rollouts = [
+        Rollout(example_id=i, env_id="e", group_id=0, prompt_ids=[1, 2], completion_ids=[3] * (i + 1),
+                completion_logprobs=[-0.5] * (i + 1), completion_mask=[1] * (i + 1), reward=0.0,
+                is_truncated=i % 2 == 1, policy_step=0)
+        for i in range(4)
+    ]
+    flags = flt.flag(rollouts)
+    assert len(flags) == len(rollouts) and all(isinstance(f, bool) for f in flags), f"{name}: flag() must return one bool per rollout"
+    assert flt.flag([]) == [], f"{name}: flag([]) must be []"

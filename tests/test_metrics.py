@@ -1,0 +1,44 @@
+"""Mismatch metrics against float64 hand computations."""
+
+import math
+
+import pytest
+import torch
+
+from grpokit.metrics import mismatch_metrics, weighted_mean
+
+
+def test_hand_computed_mismatch_metrics():
+    # token 0: r = 2; token 1: r = 1/2; token 2 masked (ignored).
+    train = torch.tensor([-1.0, -2.0, -9.0], dtype=torch.float64)
+    infer = torch.tensor([-1.0 - math.log(2), -2.0 + math.log(2), -0.1], dtype=torch.float64)
+    m = mismatch_metrics(train, infer, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+    ln2 = math.log(2)
+    # k3: (2 - 1 - ln2) + (0.5 - 1 + ln2) = 0.5  -> mean 0.25
+    assert m["gen_kl_error"].item() == pytest.approx(0.25, abs=1e-12)
+    assert m["kl"].item() == m["gen_kl_error"].item()
+    # 1 - r + r ln r: (1 - 2 + 2 ln2) + (1 - 0.5 - 0.5 ln2) = -0.5 + 1.5 ln2
+    assert m["policy_kl_error"].item() == pytest.approx((-0.5 + 1.5 * ln2) / 2, abs=1e-12)
+    js = lambda r: 0.5 * math.log(2 / (1 + r)) + 0.5 * r * math.log(2 * r / (1 + r))  # noqa: E731
+    assert m["js_divergence_error"].item() == pytest.approx((js(2) + js(0.5)) / 2, abs=1e-12)
+    assert m["token_mult_prob_error"].item() == pytest.approx(2.0, abs=1e-12)  # exp(ln2) both tokens
+    assert m["sampling_importance_ratio"].item() == pytest.approx(1.25, abs=1e-12)
+    assert m["approx_entropy"].item() == pytest.approx((2 * 1.0 + 0.5 * 2.0) / 2, abs=1e-12)
+
+
+def test_identical_logprobs_give_zero_divergence():
+    lp = -torch.rand(7, dtype=torch.float64)
+    m = mismatch_metrics(lp, lp.clone(), torch.ones(7, dtype=torch.float64))
+    for key in ("gen_kl_error", "policy_kl_error", "js_divergence_error"):
+        assert m[key].item() == pytest.approx(0.0, abs=1e-12)
+    assert m["token_mult_prob_error"].item() == pytest.approx(1.0)
+
+
+def test_empty_mask_is_finite():
+    m = mismatch_metrics(torch.zeros(3), torch.zeros(3), torch.zeros(3))
+    assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_weighted_mean_by_loss_tokens():
+    out = weighted_mean([{"a": torch.tensor(1.0)}, {"a": torch.tensor(4.0)}], [3.0, 1.0])
+    assert out["a"] == pytest.approx(7 / 4)
