@@ -10,15 +10,18 @@ from grpokit.broadcast import WeightBroadcast
 
 
 class WeightSync(L.Callback):
-    """Publishes the policy's weights after every optimizer step.
+    """Publishes the policy's weights when training starts (or resumes) and after every optimizer step.
 
     Step numbering: the weights published as step n have seen n optimizer steps, and the trainer's
-    step n trains on the batch for step n. The initial weights (step 0) are published before fit
-    starts (Lightning fetches the first batch before on_train_start, and that batch needs them).
+    step n trains on the batch for step n. Publishing at on_train_start works because Policy takes
+    the dataloader iterator, so Lightning fetches no batch before it (the first batch needs them).
     """
 
     def __init__(self, broadcast: WeightBroadcast) -> None:
         self.broadcast = broadcast
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         start = time.perf_counter()

@@ -19,13 +19,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import StepTimer, WeightSync
+from grpokit.checkpoint import Checkpointer, CheckpointSettings, resume_path
 from grpokit.components import clashes, components, discover
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
 from grpokit.orchestrator import Orchestrator
 from grpokit.policy import Policy
 
-CSV_LOGGER = "lightning.pytorch.loggers.CSVLogger"
+CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
 
 
 class GrpoCLI(LightningCLI):
@@ -42,6 +43,7 @@ class GrpoCLI(LightningCLI):
         parser.add_argument("--output_dir", type=str, default="outputs", help="Folder that holds one subfolder per run.")
         parser.add_argument("--run_name", type=str | None, default=None, help="Run folder name (default run_<timestamp>); set it to share a run between processes.")
         parser.add_argument("--num_threads", type=int | None, default=None, help="torch CPU threads (default: torch's choice).")
+        parser.add_class_arguments(CheckpointSettings, "ckpt")
         parser.add_subclass_arguments(InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False)
         parser.add_subclass_arguments(WeightBroadcast, "broadcast", default=lazy_instance(FilesystemBroadcast), required=False)
         parser.set_defaults({
@@ -61,7 +63,12 @@ class GrpoCLI(LightningCLI):
         self.run_dir = Path(config.output_dir) / run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config.trainer.default_root_dir = str(self.run_dir)
-        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir)
+        self.start_step = 0
+        if config.ckpt.resume_step is not None:
+            path, self.start_step = resume_path(self.run_dir / "checkpoints", config.ckpt.resume_step)
+            if self.subcommand:
+                config.ckpt_path = str(path)
+        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if config.ckpt.resume_step is not None else None)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
 
@@ -71,24 +78,21 @@ class GrpoCLI(LightningCLI):
         broadcast: WeightBroadcast = config["broadcast"]
         broadcast.setup(self.run_dir)
         engine.setup(self.model.model_name)
-        self.model.configure_model()
-        broadcast.publish(self.model.weight_update(step=0))
-        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps)
+        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step)
         self.trainer.callbacks += [WeightSync(broadcast), StepTimer()]
+        settings: CheckpointSettings = config["ckpt"]
+        if settings.interval:
+            self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings))
         self.datamodule.start()
 
 
-def with_csv_logger(logger, run_dir: Path):
-    """The recipe's loggers plus a CSVLogger writing run_dir/metrics.csv (always on)."""
-    csv = {"class_path": CSV_LOGGER, "init_args": {"save_dir": str(run_dir), "name": "", "version": "", "flush_logs_every_n_steps": 1}}
-    if logger in (None, True):
-        return [csv]
-    if logger is False:
+def with_csv_logger(logger, run_dir: Path, resume_step: int | None):
+    """The recipe's loggers plus a CSV logger writing run_dir/metrics.csv (always on)."""
+    csv = {"class_path": CSV_LOGGER, "init_args": {"save_dir": str(run_dir), "resume_step": resume_step}}
+    if logger in (None, True, False):
         return [csv]
     loggers = list(logger) if isinstance(logger, list) else [logger]
-    if not any(CSV_LOGGER in str(getattr(lg, "class_path", lg.get("class_path") if isinstance(lg, dict) else "")) for lg in loggers):
-        loggers.append(csv)
-    return loggers
+    return [lg for lg in loggers if "CSVLogger" not in str(getattr(lg, "class_path", ""))] + [csv]
 
 
 def registry_main(argv: list[str]) -> int:

@@ -83,6 +83,7 @@ class Policy(L.LightningModule):
         self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
         self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold only the trainable weights
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
 
@@ -103,6 +104,11 @@ class Policy(L.LightningModule):
             if self.gradient_checkpointing:
                 lm.enable_input_require_grads()
         self.lm = lm
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Keep only trainable weights (the adapter under LoRA): the frozen base is the model file."""
+        trainable = {f"lm.{name}" for name, p in self.lm.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     # ---- weights for the engine -------------------------------------------------------------------
     def weight_update(self, step: int) -> WeightUpdate:

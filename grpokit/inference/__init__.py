@@ -22,7 +22,7 @@ class SamplingSettings:
         top_p: nucleus sampling mass.
         max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
         stop: strings that end a completion (the stop string is kept in the completion).
-        seed: base seed of the engine's sampler; each request advances it.
+        seed: seed of the sampler; the orchestrator derives each step's seed from it and the step.
     """
 
     temperature: float = 1.0

@@ -33,7 +33,6 @@ class BuiltinEngine(InferenceEngine):
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model = None
         self.weight_step = -1
-        self._calls = 0
 
     def setup(self, model: str) -> None:
         self.tokenizer = load_tokenizer(model)
@@ -60,8 +59,7 @@ class BuiltinEngine(InferenceEngine):
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
-        generator = torch.Generator(device=self.device).manual_seed(sampling.seed * 1_000_003 + self._calls)
-        self._calls += 1
+        generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         flat = [ids for ids in prompts for _ in range(n)]
         results = []
         for start in range(0, len(flat), self.max_batch_size):

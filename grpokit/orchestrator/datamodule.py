@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -97,7 +98,7 @@ class Orchestrator(L.LightningDataModule):
         self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
         self.transport.setup(run_dir)
         self.envs = [Environment(spec) for spec in self.env_specs]
-        self.prompts = PromptSampler(self.envs, self.seed, position=start_step * (self.batch_size // self.rollouts_per_example))
+        self.prompts = PromptSampler(self.envs, self.seed)
 
     # ---- the rollout loop -------------------------------------------------------------------------
     def start(self) -> None:
@@ -123,7 +124,9 @@ class Orchestrator(L.LightningDataModule):
         self.wait_for_weights(max(0, step - self.max_async_level))
         start = time.perf_counter()
         num_prompts = self.batch_size // self.rollouts_per_example
-        groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, self.sampling, step * num_prompts)
+        sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + step)  # a function of the step: resumable
+        self.prompts.position = step * num_prompts
+        groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, step * num_prompts)
         gen_time = time.perf_counter() - start
         rollouts = [r for g in groups for r in g]
         rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)

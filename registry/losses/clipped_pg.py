@@ -1,0 +1,163 @@
+"""PPO/GRPO clipped surrogate (Schulman et al. 2017, PPO; Shao et al. 2024, GRPO) with the usual extensions.
+
+Per loss token t, with A_t its sequence's advantage and logp_t the trainer's logprob (with gradient):
+
+    r_t   = exp(logp_t - logp_old_t)
+    obj_t = min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)
+    obj_t = max(obj_t, c A_t)          only where A_t < 0, when ratio_clip_c = c is set
+    l_t   = -w_t obj_t + beta v_t KL_t
+    loss  = normalize(l, normalization)        (grpokit.normalization: token, sequence, constant, bnpo)
+
+- logp_old_t is the inference engine's logprob (the behaviour policy of async GRPO) and w_t = 1.
+  With use_importance_sampling_correction, logp_old_t = sg[logp_t] (r_t = 1 in value, gradient
+  grad logp_t, so the clip never binds: the trainer is its own "old" policy, one optimizer step per batch)
+  and w_t = sg[min(exp(logp_t - logp_infer_t), is_cap)] corrects for the trainer/engine mismatch
+  (truncated importance sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+  Off-Policy RL Training").
+- eps_high > eps_low is DAPO's clip-higher (Yu et al. 2025, eps_high = 0.28).
+- Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"): for A_t < 0 the
+  objective max(min(r A, clip(r) A), c A) stops a huge ratio from giving an unbounded loss; in the
+  minimisation form used by verl, l_t = min(max(-r A, -clip(r) A), -c A).
+- KL_t is k1, k2 or k3 (grpokit.kl) between the policy and the reference, as a loss term as in GRPO
+  (which uses k3). v_t = 1, or sg[exp(logp_t - logp_infer_t)] with use_on_policy_kl_approximation: the
+  tokens were sampled by the engine, so reweighting makes the estimate one of KL(policy || reference).
+- overlong_filtering (DAPO): tokens of sequences cut at max_tokens get l_t = 0.
+
+Departures: overlong filtering keeps the truncated sequences in the step's denominators
+(loss_normalizer, step_num_seqs), where DAPO removes them, so the other tokens weigh slightly less.
+The KL term is normalised with the policy term, by the same mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.kl import ESTIMATORS, KLEstimator
+from grpokit.loss import Loss, LossInputs
+from grpokit.normalization import Normalization, check_normalization, normalize, token_mean
+
+
+class ClippedPG(Loss):
+    """PPO/GRPO clipped surrogate: clip-higher, dual-clip, KL to a reference, truncated IS, overlong filter."""
+
+    def __init__(
+        self,
+        eps_low: float = 0.2,
+        eps_high: float = 0.2,
+        ratio_clip_c: float | None = None,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        use_on_policy_kl_approximation: bool = False,
+        use_importance_sampling_correction: bool = False,
+        is_cap: float = 2.0,
+        overlong_filtering: bool = False,
+        normalization: Normalization = "token",
+        max_tokens_normalizer: int | None = None,
+    ) -> None:
+        """
+        Args:
+            eps_low: the ratio is clipped below at 1 - eps_low (for negative advantages); 1 or more
+                disables the lower clip.
+            eps_high: the ratio is clipped above at 1 + eps_high (for positive advantages); DAPO's
+                clip-higher uses 0.28.
+            ratio_clip_c: dual-clip bound c > 1: where the advantage is negative the objective is at
+                least c * A (null disables it).
+            beta: weight of the KL penalty to the reference policy (0 disables it and loads no
+                reference model).
+            kl_estimator: per-token KL estimator, k1, k2 or k3 (see grpokit.kl).
+            use_on_policy_kl_approximation: weight the KL term by the detached ratio of policy to
+                sampling (inference) probability, so it estimates the KL under the policy's own samples.
+            use_importance_sampling_correction: take the ratio against the detached trainer logprobs and
+                weight each token by the truncated trainer/inference ratio (truncated importance
+                sampling) instead of taking the ratio against the inference logprobs.
+            is_cap: upper bound of the truncated importance-sampling weight.
+            overlong_filtering: sequences cut at max_tokens without a stop contribute no loss (DAPO).
+            normalization: how per-token terms are aggregated: token (DAPO), sequence (GRPO), constant
+                (Dr. GRPO) or bnpo (see grpokit.normalization).
+            max_tokens_normalizer: the constant of normalization='constant' (Dr. GRPO uses the
+                generation budget, max_tokens); only with that mode.
+        """
+        if eps_low < 0 or eps_high < 0:
+            raise ValueError(f"ClippedPG needs eps_low >= 0 and eps_high >= 0 (clip bounds 1 - eps_low, 1 + eps_high); got {eps_low}, {eps_high}")
+        if ratio_clip_c is not None and ratio_clip_c <= 1:
+            raise ValueError(f"ratio_clip_c must be > 1 (dual-clip bounds the loss at c * |A|; Ye et al. use 3), or null to disable; got {ratio_clip_c}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0 (0 disables the KL penalty); got {beta}")
+        if kl_estimator not in ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {', '.join(ESTIMATORS)}; got {kl_estimator!r}")
+        if use_on_policy_kl_approximation and beta == 0:
+            raise ValueError("use_on_policy_kl_approximation weights the KL term, which beta=0 disables: set beta > 0 or leave it false")
+        if is_cap < 1:
+            raise ValueError(f"is_cap must be >= 1 (it caps the importance weight; below 1 it would shrink on-policy tokens); got {is_cap}")
+        check_normalization(normalization, max_tokens_normalizer)
+        self.eps_low = eps_low
+        self.eps_high = eps_high
+        self.ratio_clip_c = ratio_clip_c
+        self.beta = beta
+        self.kl_estimator = kl_estimator
+        self.use_on_policy_kl_approximation = use_on_policy_kl_approximation
+        self.use_importance_sampling_correction = use_importance_sampling_correction
+        self.is_cap = is_cap
+        self.overlong_filtering = overlong_filtering
+        self.normalization = normalization
+        self.max_tokens_normalizer = max_tokens_normalizer
+        self.needs_reference = beta > 0
+
+    def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask_T = inputs.loss_mask_T > 0
+        logp_T, adv_T = inputs.trainer_logprobs_T, inputs.advantages_T
+        # log(pi_train / pi_infer) without gradient; 0 off the loss mask so exp() stays finite there.
+        train_infer_T = (logp_T.detach() - inputs.inference_logprobs_T) * mask_T
+        metrics: dict[str, torch.Tensor] = {}
+        if self.use_importance_sampling_correction:
+            old_T = logp_T.detach()
+            weight_T = torch.exp(train_infer_T).clamp(max=self.is_cap)
+            metrics["is_capped_frac"] = token_mean(weight_T == self.is_cap, mask_T)
+        else:
+            old_T, weight_T = inputs.inference_logprobs_T, torch.ones_like(train_infer_T)
+
+        ratio_T = torch.exp((logp_T - old_T) * mask_T)
+        clip_high_T = (ratio_T.detach() > 1 + self.eps_high) & (adv_T > 0)
+        clip_low_T = (ratio_T.detach() < 1 - self.eps_low) & (adv_T < 0)
+        obj_T = torch.minimum(ratio_T * adv_T, ratio_T.clamp(1 - self.eps_low, 1 + self.eps_high) * adv_T)
+        if self.ratio_clip_c is not None:
+            dual_T = (adv_T < 0) & (obj_T.detach() < self.ratio_clip_c * adv_T)
+            obj_T = torch.where(dual_T, self.ratio_clip_c * adv_T, obj_T)
+            metrics["dual_clipped_frac"] = token_mean(dual_T, mask_T)
+        loss_T = -weight_T * obj_T
+
+        if self.beta > 0:
+            kl_T = self._kl(inputs, mask_T, train_infer_T)
+            loss_T = loss_T + self.beta * kl_T
+            metrics["ref_kl"] = token_mean(kl_T, mask_T)
+        if self.overlong_filtering:
+            truncated_T = self._truncated(inputs)
+            loss_T = torch.where(truncated_T, 0.0, loss_T)
+            metrics["masked_frac"] = token_mean(truncated_T, mask_T)
+
+        loss = normalize(loss_T, inputs, self.normalization, self.max_tokens_normalizer)
+        metrics["clipped_frac"] = token_mean(clip_high_T | clip_low_T, mask_T)
+        metrics["clip_high_frac"] = token_mean(clip_high_T, mask_T)
+        metrics["clip_low_frac"] = token_mean(clip_low_T, mask_T)
+        return loss, metrics
+
+    def _kl(self, inputs: LossInputs, mask_T: torch.Tensor, train_infer_T: torch.Tensor) -> torch.Tensor:
+        """Per-token KL estimate to the reference (0 off the loss mask), importance-weighted when asked."""
+        if inputs.ref_logprobs_T is None:
+            raise ValueError(
+                "ClippedPG with beta > 0 needs inputs.ref_logprobs_T (the reference policy's logprobs); the trainer "
+                "sets it when the loss has needs_reference = True: build LossInputs with ref_logprobs_T, or set beta=0"
+            )
+        logp_T = inputs.trainer_logprobs_T
+        # Off the mask the reference is set to the policy, so an extreme gap there cannot overflow the backward.
+        ref_T = torch.where(mask_T, inputs.ref_logprobs_T, logp_T.detach())
+        kl_T = ESTIMATORS[self.kl_estimator](logp_T, ref_T)
+        if self.use_on_policy_kl_approximation:
+            kl_T = torch.exp(train_infer_T) * kl_T
+        return kl_T
+
+    def _truncated(self, inputs: LossInputs) -> torch.Tensor:
+        """True on the tokens of sequences cut at max_tokens."""
+        if inputs.is_truncated_N is None:
+            raise ValueError("overlong_filtering needs inputs.is_truncated_N (which sequences hit max_tokens); set overlong_filtering=false")
+        return inputs.is_truncated_N.to(device=inputs.seq_ids_T.device, dtype=torch.bool)[inputs.seq_ids_T]
