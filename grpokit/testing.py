@@ -24,6 +24,33 @@ def check_component(cls: type) -> None:
             check(cls())
 
 
+def make_loss_inputs(trainer, infer, adv, seq_ids=None, mask=None, **overrides) -> LossInputs:
+    """float64 LossInputs from plain lists, for hand-computed tests; trainer logprobs require grad.
+
+    seq_ids defaults to one sequence; loss_normalizer and step_num_seqs default to this micro-batch's
+    loss tokens and sequences with loss tokens (as if it were the whole step); `overrides` replace any field.
+    """
+    seq_ids = list(seq_ids) if seq_ids is not None else [0] * len(trainer)
+    mask_t = torch.tensor(mask if mask is not None else [1] * len(trainer), dtype=torch.float64)
+    seq_ids_t = torch.tensor(seq_ids)
+    with_loss = torch.zeros(max(seq_ids) + 1, dtype=torch.float64).index_add(0, seq_ids_t, mask_t) > 0
+    fields = {
+        "trainer_logprobs_T": torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
+        "inference_logprobs_T": torch.tensor(infer, dtype=torch.float64),
+        "advantages_T": torch.tensor(adv, dtype=torch.float64), "loss_mask_T": mask_t, "seq_ids_T": seq_ids_t,
+        "num_seqs": max(seq_ids) + 1, "loss_normalizer": float(mask_t.sum().clamp(min=1)),
+        "step_num_seqs": max(int(with_loss.sum()), 1),
+    }
+    return LossInputs(**{**fields, **overrides})
+
+
+def loss_and_grad(loss_fn: Loss, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[float]]:
+    """Run the loss, backpropagate, and return (loss, metrics, d loss / d trainer_logprobs as a list)."""
+    loss, metrics = loss_fn(inputs)
+    loss.backward()
+    return loss, metrics, inputs.trainer_logprobs_T.grad.tolist()
+
+
 def loss_inputs(trainer_T, inference_T, adv_T, mask_T, seq_ids_T, ref_T=None) -> LossInputs:
     return LossInputs(
         trainer_logprobs_T=trainer_T, inference_logprobs_T=inference_T, advantages_T=adv_T, loss_mask_T=mask_T,

@@ -5,25 +5,16 @@ import math
 import pytest
 import torch
 
-from grpokit.loss import LossInputs
+from grpokit.testing import loss_and_grad, make_loss_inputs
 from grpokit.registry.losses.cispo import CISPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
 
 
 def make_inputs(trainer, infer, adv, mask=None, **kw):
-    mask_t = torch.tensor(mask if mask is not None else [1] * len(trainer), dtype=torch.float64)
-    return LossInputs(
-        trainer_logprobs_T=torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
-        inference_logprobs_T=torch.tensor(infer, dtype=torch.float64),
-        advantages_T=torch.tensor(adv, dtype=torch.float64), loss_mask_T=mask_t, seq_ids_T=torch.zeros(len(trainer), dtype=torch.long),
-        num_seqs=1, **{"loss_normalizer": float(mask_t.sum().clamp(min=1)), **kw},
-    )
+    return make_loss_inputs(trainer, infer, adv, mask=mask, **kw)
 
 
-def grad_of(loss_fn, x):
-    loss, metrics = loss_fn(x)
-    loss.backward()
-    return loss, metrics, x.trainer_logprobs_T.grad.tolist()
+grad_of = loss_and_grad
 
 
 # ratios 1, 6 (capped at 1 + 4 = 5), 0.1 (no lower clip by default), 2

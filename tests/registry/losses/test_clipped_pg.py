@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpokit.loss import LossInputs
+from grpokit.testing import loss_and_grad, make_loss_inputs
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.cispo import CISPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
@@ -13,22 +13,10 @@ from grpokit.registry.losses.gspo import GSPO
 
 
 def make_inputs(trainer, infer, adv, seq_ids, mask=None, **kw):
-    mask_t = torch.tensor(mask if mask is not None else [1] * len(trainer), dtype=torch.float64)
-    seq_ids_t = torch.tensor(seq_ids)
-    with_loss = torch.zeros(max(seq_ids) + 1, dtype=torch.float64).index_add(0, seq_ids_t, mask_t) > 0
-    defaults = {"loss_normalizer": float(mask_t.sum().clamp(min=1)), "step_num_seqs": max(int(with_loss.sum()), 1)}
-    return LossInputs(
-        trainer_logprobs_T=torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
-        inference_logprobs_T=torch.tensor(infer, dtype=torch.float64),
-        advantages_T=torch.tensor(adv, dtype=torch.float64), loss_mask_T=mask_t, seq_ids_T=seq_ids_t,
-        num_seqs=max(seq_ids) + 1, **{**defaults, **kw},
-    )
+    return make_loss_inputs(trainer, infer, adv, seq_ids=seq_ids, mask=mask, **kw)
 
 
-def grad_of(loss_fn, x):
-    loss, metrics = loss_fn(x)
-    loss.backward()
-    return loss, metrics, x.trainer_logprobs_T.grad.tolist()
+grad_of = loss_and_grad
 
 
 # seq 0 (A = 1): ratios 1 and 1.5 (> 1 + 0.2: clipped); seq 1 (A = -1): ratios 0.5 (< 1 - 0.2: clipped) and 1.1.
