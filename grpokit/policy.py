@@ -20,6 +20,7 @@ from grpokit.logprobs import packed_token_logprobs
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import load_causal_lm, parse_dtype
+from grpokit.timeline import record_timeline
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
 
@@ -103,7 +104,7 @@ class Policy(L.LightningModule):
             lm = get_peft_model(lm, config)
             if self.gradient_checkpointing:
                 lm.enable_input_require_grads()
-        self.lm = lm
+        self.lm = lm.train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Keep only trainable weights (the adapter under LoRA): the frozen base is the model file."""
@@ -127,7 +128,7 @@ class Policy(L.LightningModule):
         # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
         batch: TrainingBatch = next(dataloader_iter)[0]
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         opt, sched = self.optimizers(), self.lr_schedulers()
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
         for mb in batch.micro_batches:
@@ -147,6 +148,8 @@ class Policy(L.LightningModule):
         logs.update(batch.metrics)
         logs["train_time"] = time.perf_counter() - start
         self._log_step(logs)
+        if self._trainer is not None and self.trainer.default_root_dir:
+            record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""

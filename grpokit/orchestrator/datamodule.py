@@ -26,6 +26,7 @@ from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
+from grpokit.timeline import record_timeline
 from grpokit.transport import Transport
 from grpokit.types import Rollout, TrainingBatch
 
@@ -122,7 +123,7 @@ class Orchestrator(L.LightningDataModule):
 
     def make_batch(self, step: int) -> TrainingBatch:
         self.wait_for_weights(max(0, step - self.max_async_level))
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         num_prompts = self.batch_size // self.rollouts_per_example
         sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + step)  # a function of the step: resumable
         self.prompts.position = step * num_prompts
@@ -137,7 +138,10 @@ class Orchestrator(L.LightningDataModule):
         metrics = batch_metrics(step, rollouts, rewards_PG, flags)
         metrics["gen_time"] = gen_time
         self._log_samples(step, rollouts)
-        return TrainingBatch(step=step, micro_batches=pack(rollouts, advantages, trainable, self.seq_len), temperature=self.sampling.temperature or 1.0, metrics=metrics)
+        micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
+        metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / (len(micro_batches) * self.seq_len)
+        record_timeline(self.run_dir, "orchestrator", step, wall_start, time.time(), policy_step=min(r.policy_step for r in rollouts))
+        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.sampling.temperature or 1.0, metrics=metrics)
 
     def wait_for_weights(self, min_step: int) -> None:
         """Load the newest published weights; block until they are at least `min_step`."""
