@@ -67,8 +67,8 @@ def components(kind: str | None = None) -> list[Component]:
         if kind not in (None, k):
             continue
         for cls in _subclasses(base):
-            if inspect.isabstract(cls):
-                continue
+            if inspect.isabstract(cls) or cls.__name__.startswith("LazyInstance_"):
+                continue  # LazyInstance_*: jsonargparse's stand-ins for lazy_instance defaults, not components
             doc = inspect.getdoc(cls) or ""
             out.append(Component(k, cls.__name__, f"{cls.__module__}.{cls.__qualname__}", doc.splitlines()[0] if doc else ""))
     return sorted(set(out), key=lambda c: (list(KINDS).index(c.kind), c.name, c.class_path))

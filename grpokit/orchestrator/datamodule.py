@@ -23,6 +23,7 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.env import Environment, EnvSpec
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
@@ -48,6 +49,7 @@ class Orchestrator(L.LightningDataModule):
         seq_len: int = 2048,
         max_async_level: int = 1,
         seed: int = 0,
+        buffer: BufferSettings | None = None,
         num_logged_samples: int = 4,
         timeout: float = 1800.0,
     ) -> None:
@@ -62,6 +64,7 @@ class Orchestrator(L.LightningDataModule):
             sampling: temperature, top_p, max_tokens, stop, seed.
             seq_len: tokens per packed micro-batch.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
+            buffer: which groups are trained on (online difficulty filtering, dynamic sampling).
             seed: seed of the prompt order.
             num_logged_samples: completions per step written to samples.jsonl.
             timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
@@ -88,6 +91,7 @@ class Orchestrator(L.LightningDataModule):
         self.sampling = sampling or SamplingSettings()
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
+        self.buffer = buffer or BufferSettings()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -124,24 +128,41 @@ class Orchestrator(L.LightningDataModule):
     def make_batch(self, step: int) -> TrainingBatch:
         self.wait_for_weights(max(0, step - self.max_async_level))
         start, wall_start = time.perf_counter(), time.time()
-        num_prompts = self.batch_size // self.rollouts_per_example
-        sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + step)  # a function of the step: resumable
-        self.prompts.position = step * num_prompts
-        groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, step * num_prompts)
+        generated, groups = self.select_groups(step)
         gen_time = time.perf_counter() - start
         rollouts = [r for g in groups for r in g]
-        rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
-        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64)
-        advantages = self.advantage(rewards_PG, lengths_PG).flatten().tolist()
+        all_rollouts = [r for g in generated for r in g]
+        rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
+        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
+        advantages = self.advantage(rewards_PG, lengths_PG).flatten().tolist() if groups else []
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
-        metrics = batch_metrics(step, rollouts, rewards_PG, flags)
-        metrics["gen_time"] = gen_time
-        self._log_samples(step, rollouts)
+        metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
+        metrics.update(gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)))
+        self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
-        metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / (len(micro_batches) * self.seq_len)
-        record_timeline(self.run_dir, "orchestrator", step, wall_start, time.time(), policy_step=min(r.policy_step for r in rollouts))
+        metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
+        record_timeline(self.run_dir, "orchestrator", step, wall_start, time.time(), policy_step=min(r.policy_step for r in all_rollouts))
         return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.sampling.temperature or 1.0, metrics=metrics)
+
+    def select_groups(self, step: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
+        """(every group generated for `step`, the groups it trains on), per the buffer rules.
+
+        Each step owns a fixed block of `rounds * prompts_per_step` prompts and each round its own seed, so
+        the prompts and samples of step n are a function of n (a resumed run continues exactly).
+        """
+        num_prompts = self.batch_size // self.rollouts_per_example
+        generated, kept = [], []
+        for round_ in range(self.buffer.rounds):
+            block = step * self.buffer.rounds + round_
+            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block)
+            self.prompts.position = block * num_prompts
+            groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
+            generated += groups
+            kept += [g for g in groups if self.buffer.keep([r.reward for r in g])]
+            if len(kept) >= num_prompts:
+                break
+        return generated, kept[:num_prompts]
 
     def wait_for_weights(self, min_step: int) -> None:
         """Load the newest published weights; block until they are at least `min_step`."""

@@ -1,5 +1,6 @@
 """Gibberish filtering (arXiv 2510.02387 Section 5.2, Meta FAIR's CWM report; the rule of prime-rl's and
-Surogate's `gibberish` filter): a rollout is flagged when any token the policy sampled is both rare and improbable,
+Surogate's `gibberish` filter): a rollout is flagged when any token the policy sampled is both rare and
+improbable,
 
     id(y_t) > token_id_threshold  and  log pi(y_t) < -log(vocab_size) - logprob_offset
 

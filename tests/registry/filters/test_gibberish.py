@@ -1,0 +1,86 @@
+"""Gibberish at and around both thresholds, with hand-computed threshold values."""
+
+import math
+
+import pytest
+
+from grpokit.registry.filters.gibberish import Gibberish
+from grpokit.testing import check_component
+from grpokit.types import Rollout
+
+# 151_936 = 2^7 * 1187: -log(151_936) - 2 = -(7 ln 2 + ln 1187) - 2 = -(4.852030 + 7.079184) - 2 = -13.931215
+DEFAULT_THRESHOLD = -13.931215
+
+
+def rollout(ids, logprobs, mask=None):
+    return Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=[1], completion_ids=list(ids),
+                   completion_logprobs=list(logprobs), completion_mask=list(mask or [1] * len(ids)), reward=0.0,
+                   is_truncated=False, policy_step=0)
+
+
+def test_default_threshold_is_uniform_logprob_minus_offset():
+    g = Gibberish()
+    assert (g.token_id_threshold, g.vocab_size, g.logprob_offset) == (100_000, 151_936, 2.0)
+    assert g.logprob_threshold == pytest.approx(DEFAULT_THRESHOLD, abs=1e-6)
+
+
+def test_token_id_boundary_is_strict():
+    g = Gibberish()
+    # logprob -20 is far below the threshold, so only the id decides: 100_000 is not > 100_000.
+    assert g.flag([rollout([100_000], [-20.0]), rollout([100_001], [-20.0])]) == [False, True]
+
+
+def test_logprob_boundary_is_strict():
+    g = Gibberish()
+    at = g.logprob_threshold
+    below = math.nextafter(at, -math.inf)
+    cases = [rollout([120_000], [at]), rollout([120_000], [below]), rollout([120_000], [-13.9]), rollout([120_000], [-14.0])]
+    assert g.flag(cases) == [False, True, False, True]
+
+
+def test_both_conditions_must_hold_on_the_same_token():
+    g = Gibberish()
+    # token 1: rare but probable; token 2: improbable but common.
+    assert g.flag([rollout([50, 120_000, 80], [-0.1, -1.0, -30.0])]) == [False]
+    assert g.flag([rollout([50, 120_000, 80], [-0.1, -15.0, -0.5])]) == [True]
+
+
+def test_environment_tokens_are_not_checked():
+    g = Gibberish()
+    assert g.flag([rollout([50, 120_000], [-0.1, -20.0], mask=[1, 0])]) == [False]
+    assert g.flag([rollout([50, 120_000], [-0.1, -20.0], mask=[0, 1])]) == [True]
+
+
+def test_other_tokenizer_and_offset():
+    # SmolLM2: 49_152 = 3 * 2^14: -log(49_152) - 0.5 = -(1.098612 + 9.704061) - 0.5 = -11.302673.
+    g = Gibberish(token_id_threshold=36_864, vocab_size=49_152, logprob_offset=0.5)
+    assert g.logprob_threshold == pytest.approx(-11.302673, abs=1e-6)
+    assert g.flag([rollout([36_865], [-11.31]), rollout([36_865], [-11.29]), rollout([36_864], [-30.0])]) == [True, False, False]
+
+
+def test_empty_completions_and_batch():
+    g = Gibberish()
+    assert g.flag([]) == []
+    assert g.flag([rollout([], []), rollout([120_000], [-20.0]), rollout([], [])]) == [False, True, False]
+
+
+def test_enforce_is_kept():
+    assert Gibberish().enforce is True
+    assert Gibberish(enforce=False).enforce is False
+    assert Gibberish().name == "gibberish"
+
+
+def test_arguments_are_validated():
+    with pytest.raises(ValueError, match="token_id_threshold"):
+        Gibberish(token_id_threshold=151_935)
+    with pytest.raises(ValueError, match="token_id_threshold"):
+        Gibberish(vocab_size=32_000)
+    with pytest.raises(ValueError, match="token_id_threshold"):
+        Gibberish(token_id_threshold=-1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        Gibberish(vocab_size=1, token_id_threshold=0)
+    Gibberish(token_id_threshold=151_934)  # id 151_935 (the last row) can still exceed it
+
+
+def test_contract():
+    check_component(Gibberish)
