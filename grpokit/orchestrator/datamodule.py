@@ -24,6 +24,7 @@ from grpokit.env import Environment, EnvSpec
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.buffer import BufferSettings
+from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
@@ -50,6 +51,7 @@ class Orchestrator(L.LightningDataModule):
         max_async_level: int = 1,
         seed: int = 0,
         buffer: BufferSettings | None = None,
+        eval: EvalSettings | None = None,
         num_logged_samples: int = 4,
         timeout: float = 1800.0,
     ) -> None:
@@ -65,6 +67,7 @@ class Orchestrator(L.LightningDataModule):
             seq_len: tokens per packed micro-batch.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
             buffer: which groups are trained on (online difficulty filtering, dynamic sampling).
+            eval: online evaluation every few steps (null disables it).
             seed: seed of the prompt order.
             num_logged_samples: completions per step written to samples.jsonl.
             timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
@@ -92,6 +95,7 @@ class Orchestrator(L.LightningDataModule):
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()
+        self.eval_settings = eval
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -104,6 +108,7 @@ class Orchestrator(L.LightningDataModule):
         self.transport.setup(run_dir)
         self.envs = [Environment(spec) for spec in self.env_specs]
         self.prompts = PromptSampler(self.envs, self.seed)
+        self.evaluator = Evaluator(self.eval_settings, self.envs, self.sampling, self.run_dir) if self.eval_settings else None
 
     # ---- the rollout loop -------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,6 +132,7 @@ class Orchestrator(L.LightningDataModule):
 
     def make_batch(self, step: int) -> TrainingBatch:
         self.wait_for_weights(max(0, step - self.max_async_level))
+        eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
         start, wall_start = time.perf_counter(), time.time()
         generated, groups = self.select_groups(step)
         gen_time = time.perf_counter() - start
@@ -138,7 +144,7 @@ class Orchestrator(L.LightningDataModule):
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
-        metrics.update(gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)))
+        metrics.update(gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **eval_metrics)
         self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
         metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)

@@ -1,0 +1,84 @@
+"""Online evaluation: score the engine's current weights on a fixed set of prompts every few steps.
+
+Eval runs in the orchestrator, on the weights the engine has loaded, before it samples the next training
+batch; its metrics (`eval/reward`, `eval/<env metric>`, `eval/weight_step`) are logged with that batch
+and appended to `{run_dir}/eval.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from grpokit.env import Environment, EnvSpec
+from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
+
+
+@dataclass
+class EvalSettings:
+    """Online evaluation.
+
+    Args:
+        env: environments to evaluate on (default: the training environments).
+        num_examples: prompts per evaluation (a fixed, seeded selection).
+        rollouts_per_example: completions per prompt.
+        interval: evaluate the weights of every interval-th step (0 disables eval).
+        eval_base_model: also evaluate the initial weights (step 0).
+        temperature: sampling temperature of eval (0 = greedy).
+        max_tokens: completion cap (default: the training sampling's max_tokens).
+        seed: seed of the prompt selection and sampling.
+    """
+
+    env: list[EnvSpec] | None = None
+    num_examples: int = 16
+    rollouts_per_example: int = 1
+    interval: int = 10
+    eval_base_model: bool = True
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.interval < 0 or self.num_examples < 1 or self.rollouts_per_example < 1:
+            raise ValueError(f"data.eval: interval >= 0, num_examples >= 1 and rollouts_per_example >= 1 are required, got {self}")
+
+    def due(self, weight_step: int, last_evaluated: int | None) -> bool:
+        """Whether the weights of `weight_step` should be evaluated now: the first weights at or past the
+        next multiple of interval (the engine may skip a step when the trainer is ahead)."""
+        if not self.interval:
+            return False
+        if last_evaluated is None:
+            target = 0 if self.eval_base_model else self.interval
+        else:
+            target = (last_evaluated // self.interval + 1) * self.interval
+        return weight_step >= target
+
+
+class Evaluator:
+    """Holds the eval environments and prompts; `run()` returns eval metrics for the engine's weights."""
+
+    def __init__(self, settings: EvalSettings, training_envs: list[Environment], sampling: SamplingSettings, run_dir: Path) -> None:
+        self.settings, self.run_dir = settings, Path(run_dir)
+        envs = [Environment(spec) for spec in settings.env] if settings.env else training_envs
+        self.prompts = PromptSampler(envs, settings.seed).next(settings.num_examples)
+        self.sampling = replace(sampling, temperature=settings.temperature, seed=settings.seed, max_tokens=settings.max_tokens or sampling.max_tokens)
+        self.last_evaluated: int | None = None
+
+    def maybe_run(self, engine: InferenceEngine, tokenizer) -> dict[str, float]:
+        if not self.settings.due(engine.weight_step, self.last_evaluated):
+            return {}
+        groups = generate_rollouts(engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0)
+        rollouts = [r for g in groups for r in g]
+        metrics = {
+            "eval/reward": sum(r.reward for r in rollouts) / len(rollouts),
+            "eval/seq_len": sum(len(r.completion_ids) for r in rollouts) / len(rollouts),
+            "eval/weight_step": float(engine.weight_step),
+        }
+        for key in sorted({k for r in rollouts for k in r.metrics}):
+            metrics[f"eval/{key}"] = sum(r.metrics.get(key, 0.0) for r in rollouts) / len(rollouts)
+        self.last_evaluated = engine.weight_step
+        with open(self.run_dir / "eval.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        return metrics
