@@ -21,6 +21,8 @@ CASES = [
     (["--trainer.max_steps", "-1"], r"trainer.max_steps must be a positive number"),
     (["--model.loss.init_args.token_mask_high", "0.5"], r"token_mask_low <= 1 <= token_mask_high"),
     (["--broadcast.init_args.keep_last", "1"], r"broadcast.init_args.keep_last must be >= 2"),
+    (["--data.temp_scheduler", '{"type": "linear", "start_temperature": 1.0, "end_temperature": 0.5}'], r"either data.sampling.temperature or data.temp_scheduler"),
+    (["--data.sampling.temperature", "null", "--data.temp_scheduler", '{"start_temperature": 0}'], r"temperatures must be > 0"),
 ]
 
 

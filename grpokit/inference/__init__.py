@@ -17,7 +17,7 @@ class SamplingSettings:
     """How completions are sampled.
 
     Args:
-        temperature: softmax temperature (0 = greedy). Logprobs are of the temperature-scaled distribution,
+        temperature: softmax temperature (0 = greedy; null = 1.0, or data.temp_scheduler's value). Logprobs are of the temperature-scaled distribution,
             before top-p truncation, and the trainer scales its logits the same way.
         top_p: nucleus sampling mass.
         max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
@@ -25,14 +25,14 @@ class SamplingSettings:
         seed: seed of the sampler; the orchestrator derives each step's seed from it and the step.
     """
 
-    temperature: float = 1.0
+    temperature: float | None = None
     top_p: float = 1.0
     max_tokens: int = 64
     stop: list[str] = field(default_factory=list)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"data.sampling.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"data.sampling.top_p must be in (0, 1], got {self.top_p}")

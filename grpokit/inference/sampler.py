@@ -59,7 +59,7 @@ def sample(
     logprobs: list[list[float]] = [[] for _ in range(b)]
     done = [False] * b
     for _ in range(sampling.max_tokens):
-        token_B, logprob_B = sample_next(logits_BV, sampling.temperature, sampling.top_p, generator)
+        token_B, logprob_B = sample_next(logits_BV, 1.0 if sampling.temperature is None else sampling.temperature, sampling.top_p, generator)
         for i, (tok, lp) in enumerate(zip(token_B.tolist(), logprob_B.tolist())):
             if done[i]:
                 continue

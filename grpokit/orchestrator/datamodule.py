@@ -27,6 +27,7 @@ from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
+from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.timeline import record_timeline
 from grpokit.transport import Transport
@@ -47,6 +48,7 @@ class Orchestrator(L.LightningDataModule):
         filters: list[Filter] | None = None,
         transport: Transport | None = None,
         sampling: SamplingSettings | None = None,
+        temp_scheduler: TemperatureSchedule | None = None,
         seq_len: int = 2048,
         max_async_level: int = 1,
         seed: int = 0,
@@ -64,6 +66,7 @@ class Orchestrator(L.LightningDataModule):
             filters: rollout filters (kind `filter`); enforcing ones mask flagged rollouts from the loss.
             transport: carries batches to the trainer (kind `transport`; default FilesystemTransport).
             sampling: temperature, top_p, max_tokens, stop, seed.
+            temp_scheduler: per-step temperature (linear or cosine); excludes sampling.temperature.
             seq_len: tokens per packed micro-batch.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
             buffer: which groups are trained on (online difficulty filtering, dynamic sampling).
@@ -92,6 +95,9 @@ class Orchestrator(L.LightningDataModule):
         self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
         self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
         self.sampling = sampling or SamplingSettings()
+        if temp_scheduler is not None and self.sampling.temperature is not None:
+            raise ValueError("set either data.sampling.temperature or data.temp_scheduler, not both (the schedule sets the temperature of each step)")
+        self.temp_scheduler = temp_scheduler
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()
@@ -144,12 +150,12 @@ class Orchestrator(L.LightningDataModule):
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
-        metrics.update(gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **eval_metrics)
+        metrics.update(temperature=self.temperature(step), gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **eval_metrics)
         self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
         metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
         record_timeline(self.run_dir, "orchestrator", step, wall_start, time.time(), policy_step=min(r.policy_step for r in all_rollouts))
-        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.sampling.temperature or 1.0, metrics=metrics)
+        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(step) or 1.0, metrics=metrics)
 
     def select_groups(self, step: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
         """(every group generated for `step`, the groups it trains on), per the buffer rules.
@@ -161,7 +167,7 @@ class Orchestrator(L.LightningDataModule):
         generated, kept = [], []
         for round_ in range(self.buffer.rounds):
             block = step * self.buffer.rounds + round_
-            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block)
+            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(step))
             self.prompts.position = block * num_prompts
             groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
             generated += groups
@@ -169,6 +175,12 @@ class Orchestrator(L.LightningDataModule):
             if len(kept) >= num_prompts:
                 break
         return generated, kept[:num_prompts]
+
+    def temperature(self, step: int) -> float:
+        """The sampling temperature of `step` (the trainer scales its logits by it too)."""
+        if self.temp_scheduler is not None:
+            return self.temp_scheduler.at(step, self.max_steps)
+        return 1.0 if self.sampling.temperature is None else self.sampling.temperature
 
     def wait_for_weights(self, min_step: int) -> None:
         """Load the newest published weights; block until they are at least `min_step`."""
