@@ -26,16 +26,4 @@ class WeightSync(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         start = time.perf_counter()
         self.broadcast.publish(pl_module.weight_update(trainer.global_step))
-        pl_module.log("weight_sync_time", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)
-
-
-class StepTimer(L.Callback):
-    """Logs step_time: wall time between consecutive train batch ends (waiting for rollouts included)."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        now = time.perf_counter()
-        pl_module.log("step_time", now - self._last, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
-        self._last = now
+        pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row

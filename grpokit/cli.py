@@ -18,7 +18,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.callbacks import StepTimer, WeightSync
+from grpokit.callbacks import WeightSync
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, resume_path
 from grpokit.components import clashes, components, discover
 from grpokit.inference import InferenceEngine
@@ -79,7 +79,7 @@ class GrpoCLI(LightningCLI):
         broadcast.setup(self.run_dir)
         engine.setup(self.model.model_name)
         self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step)
-        self.trainer.callbacks += [WeightSync(broadcast), StepTimer()]
+        self.trainer.callbacks.append(WeightSync(broadcast))
         settings: CheckpointSettings = config["ckpt"]
         if settings.interval:
             self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings))

@@ -87,6 +87,7 @@ class Policy(L.LightningModule):
         self.strict_loading = False  # checkpoints hold only the trainable weights
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
+        self.last_weight_sync_time, self._last_step_end = 0.0, None
 
     def configure_model(self) -> None:
         if self.lm is not None:
@@ -147,7 +148,10 @@ class Policy(L.LightningModule):
         logs.update(weighted_mean(mb_metrics, weights))
         logs.update(batch.metrics)
         logs["train_time"] = time.perf_counter() - start
-        self._log_step(logs)
+        logs["weight_sync_time"] = self.last_weight_sync_time
+        now = time.perf_counter()
+        logs["step_time"], self._last_step_end = now - (self._last_step_end or start), now
+        self._log_step(batch.step, logs)
         if self._trainer is not None and self.trainer.default_root_dir:
             record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
 
@@ -181,10 +185,17 @@ class Policy(L.LightningModule):
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def _log_step(self, logs: dict[str, float]) -> None:
-        shown = {"reward", "kl", "step_time"}
-        for name, value in logs.items():
-            self.log(name, float(value), prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
+    def _log_step(self, step: int, logs: dict[str, float]) -> None:
+        """One metrics row per step, straight to the loggers (Lightning's self.log would repeat values of
+        earlier steps, such as eval metrics, in later rows); the progress bar shows a few of them."""
+        for logger in self.loggers:
+            logger.log_metrics(logs, step=step)
+        for name in ("reward", "kl", "step_time"):
+            if name in logs:
+                self.log(name, float(logs[name]), prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_train_start(self) -> None:
+        self._last_step_end: float | None = time.perf_counter()
 
     def configure_optimizers(self):
         params = [p for p in self.lm.parameters() if p.requires_grad]

@@ -29,4 +29,4 @@ def test_eval_end_to_end(tmp_path, tiny_model):
     evals = [json.loads(line) for line in open(tmp_path / "r" / "eval.jsonl")]
     assert [e["eval/weight_step"] for e in evals] == [0.0, 2.0]  # synchronous: batch n uses weights n
     rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
-    assert rows[0]["eval/reward"] != "" and float(rows[0]["eval/weight_step"]) == 0.0
+    assert [r["eval/reward"] != "" for r in rows] == [True, False, True, False]  # one row per step, no carried values
