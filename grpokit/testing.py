@@ -14,7 +14,7 @@ import torch
 from grpokit.advantage import Advantage
 from grpokit.filter import Filter
 from grpokit.loss import Loss, LossInputs
-from grpokit.types import Rollout
+from grpokit.types import MicroBatch, Rollout, TrainingBatch
 
 
 def check_component(cls: type) -> None:
@@ -117,3 +117,25 @@ def check_filter(flt: Filter) -> None:
     flags = flt.flag(rollouts)
     assert len(flags) == len(rollouts) and all(isinstance(f, bool) for f in flags), f"{name}: flag() must return one bool per rollout"
     assert flt.flag([]) == [], f"{name}: flag([]) must be []"
+
+
+def make_training_batch(step: int, tokens: int = 64) -> TrainingBatch:
+    """A seeded TrainingBatch of two random micro-batches (for transport tests)."""
+    g = torch.Generator().manual_seed(step)
+    return TrainingBatch(step=step, micro_batches=[_random_micro_batch(g, tokens), _random_micro_batch(g, max(tokens // 2, 1))], temperature=0.7, metrics={"reward": 0.25 * step})
+
+
+def _random_micro_batch(g: torch.Generator, tokens: int) -> MicroBatch:
+    return MicroBatch(
+        input_ids_T=torch.randint(0, 1000, (tokens,), generator=g), position_ids_T=torch.arange(tokens),
+        loss_mask_T=torch.ones(tokens), advantages_T=torch.randn(tokens, generator=g),
+        inference_logprobs_T=-torch.rand(tokens, generator=g), seq_lens_N=torch.tensor([tokens]), is_truncated_N=torch.tensor([False]),
+    )
+
+
+def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
+    """Equal step, temperature, metrics and every tensor of every micro-batch."""
+    assert (a.step, a.temperature, a.metrics, len(a.micro_batches)) == (b.step, b.temperature, b.metrics, len(b.micro_batches))
+    for x, y in zip(a.micro_batches, b.micro_batches):
+        for name in vars(x):
+            assert torch.equal(getattr(x, name), getattr(y, name)), name

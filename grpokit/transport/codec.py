@@ -65,7 +65,10 @@ def _read_header(data: bytes) -> dict[str, str]:
     if n > len(data) - 8:
         raise BatchFormatError("truncated batch: header runs past the end")
     try:
-        return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+        header = json.loads(data[8 : 8 + n])
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BatchFormatError(f"malformed batch header: {e}") from e
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__", {}), dict):
+        raise BatchFormatError("malformed batch header: not a JSON object with a __metadata__ object")
+    return header.get("__metadata__", {})
 

@@ -7,31 +7,10 @@ import torch
 
 from grpokit.transport.codec import BatchFormatError, decode_batch, encode_batch
 from grpokit.transport.filesystem import FilesystemTransport
-from grpokit.types import MicroBatch, TrainingBatch
+from grpokit.testing import assert_same_batch, make_training_batch
 
 
-def make_batch(step: int, tokens: int = 64) -> TrainingBatch:
-    g = torch.Generator().manual_seed(step)
-    return TrainingBatch(step=step, micro_batches=[micro_batch(g, tokens), micro_batch(g, tokens // 2)], temperature=0.7, metrics={"reward": 0.25 * step})
-
-
-def micro_batch(g: torch.Generator, tokens: int) -> MicroBatch:
-    return MicroBatch(
-        input_ids_T=torch.randint(0, 1000, (tokens,), generator=g),
-        position_ids_T=torch.arange(tokens),
-        loss_mask_T=torch.ones(tokens),
-        advantages_T=torch.randn(tokens, generator=g),
-        inference_logprobs_T=-torch.rand(tokens, generator=g),
-        seq_lens_N=torch.tensor([tokens]),
-        is_truncated_N=torch.tensor([False]),
-    )
-
-
-def assert_same(a: TrainingBatch, b: TrainingBatch) -> None:
-    assert (a.step, a.temperature, a.metrics, len(a.micro_batches)) == (b.step, b.temperature, b.metrics, len(b.micro_batches))
-    for x, y in zip(a.micro_batches, b.micro_batches):
-        for name in vars(x):
-            assert torch.equal(getattr(x, name), getattr(y, name)), name
+make_batch, assert_same = make_training_batch, assert_same_batch
 
 
 def test_codec_round_trip_and_rejects_garbage():
