@@ -25,12 +25,19 @@ from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
 from grpokit.orchestrator import Orchestrator
 from grpokit.policy import Policy
+from grpokit.roles import ServerSettings
 
 CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
 
 
 class GrpoCLI(LightningCLI):
-    """LightningCLI with grpokit's extra recipe sections and the co-locate wiring for `fit`."""
+    """LightningCLI with grpokit's extra recipe sections and the co-locate wiring for `fit`.
+
+    `role` is "fit" (all three roles in this process), "train" (only the trainer), or "infer" /
+    "orchestrate" (parse and build only; grpokit.roles runs them).
+    """
+
+    role = "fit"
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -44,6 +51,7 @@ class GrpoCLI(LightningCLI):
         parser.add_argument("--run_name", type=str | None, default=None, help="Run folder name (default run_<timestamp>); set it to share a run between processes.")
         parser.add_argument("--num_threads", type=int | None, default=None, help="torch CPU threads (default: torch's choice).")
         parser.add_class_arguments(CheckpointSettings, "ckpt")
+        parser.add_class_arguments(ServerSettings, "server")
         parser.add_subclass_arguments(InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False)
         parser.add_subclass_arguments(WeightBroadcast, "broadcast", default=lazy_instance(FilesystemBroadcast), required=False)
         parser.set_defaults({
@@ -58,6 +66,8 @@ class GrpoCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.trainer.max_steps is None or config.trainer.max_steps < 1:
             raise ValueError(f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}")
+        if self.role != "fit" and not config.run_name:
+            raise ValueError(f"grpokit {self.role} needs --run_name: the processes of a run share the folder output_dir/run_name")
         run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
         config.run_name = run_name
         self.run_dir = Path(config.output_dir) / run_name
@@ -74,16 +84,25 @@ class GrpoCLI(LightningCLI):
 
     def before_fit(self) -> None:
         config = self.config_init[self.subcommand]
+        if self.role == "train":  # batches come from `grpokit orchestrate`; weights go out through the broadcast
+            config["broadcast"].setup(self.run_dir)
+            self.datamodule.connect_trainer(self.run_dir, self.trainer.max_steps, self.start_step)
+            self.trainer.callbacks.append(WeightSync(config["broadcast"]))
+            self._add_checkpointer(config)
+            return
         engine: InferenceEngine = config["inference"]
         broadcast: WeightBroadcast = config["broadcast"]
         broadcast.setup(self.run_dir)
         engine.setup(self.model.model_name)
         self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step)
         self.trainer.callbacks.append(WeightSync(broadcast))
+        self._add_checkpointer(config)
+        self.datamodule.start()
+
+    def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]
         if settings.interval:
             self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings))
-        self.datamodule.start()
 
 
 def with_csv_logger(logger, run_dir: Path, resume_step: int | None):
@@ -130,13 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     discover()
     if argv[:1] == ["registry"]:
         return registry_main(argv[1:])
+    if argv[:1] == ["train"]:
+        make_cli(["fit", *argv[1:]], role="train")
+        return 0
+    if argv[:1] in (["infer"], ["orchestrate"]):
+        from grpokit import roles
+
+        cli = make_cli(argv[1:], run=False, role=argv[0])
+        return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
     make_cli(argv)
     return 0
 
 
-def make_cli(argv: list[str], run: bool = True) -> GrpoCLI:
+def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
     """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked."""
-    return GrpoCLI(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True})
+    cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role}) if role != "fit" else GrpoCLI
+    return cls(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True})
 
 
 if __name__ == "__main__":

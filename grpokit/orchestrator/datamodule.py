@@ -108,13 +108,17 @@ class Orchestrator(L.LightningDataModule):
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def connect(self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
-        """Give the orchestrator its engine, broadcast, tokenizer and run folder."""
+        """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side)."""
+        self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
-        self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
-        self.transport.setup(run_dir)
         self.envs = [Environment(spec) for spec in self.env_specs]
         self.prompts = PromptSampler(self.envs, self.seed)
         self.evaluator = Evaluator(self.eval_settings, self.envs, self.sampling, self.run_dir) if self.eval_settings else None
+
+    def connect_trainer(self, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
+        """Only the trainer's side: receive batches start_step .. max_steps - 1 (`grpokit train`)."""
+        self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
+        self.transport.setup(run_dir)
 
     # ---- the rollout loop -------------------------------------------------------------------------
     def start(self) -> None:

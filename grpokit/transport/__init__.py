@@ -32,5 +32,9 @@ class Transport(ABC):
     def receive(self, step: int, timeout: float) -> TrainingBatch:
         """Return the batch for `step`, waiting up to `timeout` seconds."""
 
+    def has(self, step: int) -> bool:
+        """Whether the batch of `step` was sent and is still held for the receiver (False if unknown)."""
+        return False
+
     def close(self) -> None:
         """Release sockets or handles."""

@@ -30,6 +30,9 @@ class FilesystemTransport(Transport):
     def path(self, step: int) -> Path:
         return self.run_dir / "rollouts" / f"step_{step}.safetensors"
 
+    def has(self, step: int) -> bool:
+        return self.path(step).exists()
+
     def send(self, batch: TrainingBatch) -> None:
         atomic_write_bytes(self.path(batch.step), encode_batch(batch))
 

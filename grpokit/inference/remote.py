@@ -1,0 +1,105 @@
+"""RemoteEngine: an InferenceEngine that talks to OpenAI-compatible servers (grpokit's own or vLLM).
+
+Requests go to `/v1/completions` with the prompt as token ids and the vLLM extensions the orchestrator
+needs: `logprobs: 0` (only the sampled token's logprob), `return_token_ids: true` (the completion's token
+ids), and grpokit's `weight_step` in the response. The servers load new weights themselves (grpokit's
+server polls the broadcast before each request; vLLM reloads the LoRA adapter), so `load_weights` only
+records the step the orchestrator waited for. Several `base_url`s spread the prompts round-robin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.types import WeightUpdate
+
+log = logging.getLogger(__name__)
+
+
+class RemoteEngine(InferenceEngine):
+    """Client of one or more OpenAI-compatible completion servers (grpokit infer, or vLLM)."""
+
+    def __init__(
+        self,
+        base_url: list[str] | str = "http://127.0.0.1:8000/v1",
+        model_name: str = "grpokit",
+        api_key_var: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        max_concurrency: int = 8,
+    ) -> None:
+        """
+        Args:
+            base_url: one server URL or a list of them (ending in /v1); requests are spread across them.
+            model_name: the `model` field of requests (the server's served model name or LoRA name).
+            api_key_var: name of the environment variable holding the API key (never the key itself).
+            timeout: seconds per request.
+            max_retries: retries with exponential backoff on connection errors and 5xx answers.
+            max_concurrency: requests in flight at once.
+        """
+        self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not self.base_urls:
+            raise ValueError("inference.init_args.base_url needs at least one server URL")
+        self.model_name, self.timeout, self.max_retries, self.max_concurrency = model_name, timeout, max_retries, max_concurrency
+        self.api_key_var = api_key_var
+        self.weight_step = -1
+        self.server_weight_step = -1
+
+    def setup(self, model: str) -> None:
+        self._headers = {"Content-Type": "application/json"}
+        if self.api_key_var:
+            key = os.environ.get(self.api_key_var)
+            if not key:
+                raise ValueError(f"inference.init_args.api_key_var names ${self.api_key_var}, which is not set")
+            self._headers["Authorization"] = f"Bearer {key}"
+
+    def load_weights(self, update: WeightUpdate) -> None:
+        self.weight_step = update.step  # the servers load the same update from the broadcast themselves
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
+        bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            answers = list(pool.map(self._post, [(self.base_urls[i % len(self.base_urls)], b) for i, b in enumerate(bodies)]))
+        return [[self._completion(choice, answer, sampling) for choice in sorted(answer["choices"], key=lambda c: c["index"])] for answer in answers]
+
+    def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
+        return {
+            "model": self.model_name, "prompt": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
+            "temperature": 1.0 if sampling.temperature is None else sampling.temperature, "top_p": sampling.top_p,
+            "stop": sampling.stop or None, "seed": sampling.seed * 100_003 + index, "logprobs": 0, "return_token_ids": True,
+        }
+
+    def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:
+        token_ids = list(choice.get("token_ids") or [])
+        logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+        if len(logprobs) != len(token_ids):
+            raise ValueError(f"server answered {len(token_ids)} token ids but {len(logprobs)} logprobs: it must support logprobs and return_token_ids")
+        step = answer.get("weight_step")
+        self.server_weight_step = self.weight_step if step is None else int(step)
+        return Completion(token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", self.server_weight_step)
+
+    def _post(self, url_body: tuple[str, dict]) -> dict:
+        url, body = url_body
+        data = json.dumps(body).encode()
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(f"{url.rstrip('/')}/completions", data=data, headers=self._headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as e:
+                if e.code < 500 or attempt == self.max_retries:
+                    raise RuntimeError(f"{url}/completions answered {e.code}: {e.read()[:500]!r}") from e
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                if attempt == self.max_retries:
+                    raise ConnectionError(f"inference server {url} unreachable after {self.max_retries + 1} tries: {e}") from e
+            delay = min(30.0, 0.5 * 2**attempt)
+            log.warning("request to %s failed (try %d), retrying in %.1fs", url, attempt + 1, delay)
+            time.sleep(delay)
+        raise AssertionError("unreachable")

@@ -1,0 +1,86 @@
+"""The three roles of a run as separate processes, each from the same recipe:
+
+    grpokit infer       --config r.yaml --run_name R   # engine + OpenAI-compatible server, follows the broadcast
+    grpokit orchestrate --config r.yaml --run_name R   # rollouts -> rewards -> batches, via inference.base_url
+    grpokit train       --config r.yaml --run_name R   # Lightning trainer: batches -> weights
+
+They share only `{output_dir}/{run_name}/` (filesystem transport and broadcast) or sockets (ZMQ).
+Any start order works: the trainer waits for batches, the orchestrator for weights and the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+
+from grpokit.inference import InferenceEngine
+from grpokit.models import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSettings:
+    """`grpokit infer`: where the OpenAI-compatible server listens and what it serves.
+
+    Args:
+        host: bind address; loopback unless you mean to expose the server.
+        port: TCP port.
+        model_name: the served model name (the `model` field clients send).
+        engine: the engine behind the server (default: the builtin torch engine).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "grpokit"
+    engine: InferenceEngine | None = None
+
+
+def infer(cli) -> int:
+    """Serve the recipe's model, loading each newly published step from the run's broadcast."""
+    from grpokit.inference.builtin import BuiltinEngine
+    from grpokit.inference.server import serve
+
+    config = cli.config_init
+    settings: ServerSettings = config["server"]
+    engine = settings.engine or BuiltinEngine()
+    broadcast = config["broadcast"]
+    broadcast.setup(cli.run_dir)
+    engine.setup(cli.model.model_name)
+    log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run_dir)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM shuts the server down like Ctrl-C
+    try:
+        serve(engine, load_tokenizer(cli.model.model_name), host=settings.host, port=settings.port, model_name=settings.model_name, broadcast=broadcast)
+    except KeyboardInterrupt:
+        log.info("server stopped")
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def orchestrate(cli) -> int:
+    """Produce the batches of every step in this process (the engine is the recipe's `inference`)."""
+    config = cli.config_init
+    engine: InferenceEngine = config["inference"]
+    broadcast = config["broadcast"]
+    broadcast.setup(cli.run_dir)
+    engine.setup(cli.model.model_name)
+    data = cli.datamodule
+    published = broadcast.poll(-1)  # the trainer's progress: it has published the weights of its current step
+    start = max(cli.start_step, published.step if published else 0)
+    data.connect(engine, broadcast, load_tokenizer(cli.model.model_name), cli.run_dir, cli.trainer.max_steps, start)
+    data.start_step = first_unsent_step(data, start)
+    data.run()
+    data.transport.close()
+    return 0
+
+
+def first_unsent_step(data, start_step: int) -> int:
+    """Where a (re)started orchestrator begins: the first step whose batch the transport does not hold."""
+    step = start_step
+    while data.transport.has(step):
+        step += 1
+    return step
