@@ -15,7 +15,9 @@ OVERLAYS = sorted(p for p in (RECIPES / "ablations").glob("*.yaml"))
 
 @pytest.mark.parametrize("recipe", BASES, ids=lambda p: p.name)
 def test_recipe_builds(recipe, tmp_path):
-    cli = make_cli(["--config", str(recipe), "--output_dir", str(tmp_path)], run=False)
+    # a top-level file that starts with "# Overlay" applies on top of the base recipe
+    base = ["--config", str(RECIPES / "reverse_text.yaml")] if recipe.read_text().startswith("# Overlay") else []
+    cli = make_cli([*base, "--config", str(recipe), "--output_dir", str(tmp_path)], run=False)
     assert isinstance(cli.model, Policy) and isinstance(cli.datamodule, Orchestrator)
     assert cli.trainer.max_steps > 0
 
