@@ -1,6 +1,6 @@
 """Draw a run's timeline.jsonl: when the orchestrator (engine) and the trainer worked on each step.
 
-    python scripts/plot_timeline.py outputs/run_X docs/img/timeline.png
+    python scripts/plot_timeline.py outputs/run_X docs/img/timeline.png [FIRST_STEPS]
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 from grpokit.timeline import read_timeline
 
 
-def main(run_dir: str, out: str) -> None:
+def main(run_dir: str, out: str, first_steps: str = "0") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = read_timeline(run_dir)
+    events = [e for e in read_timeline(run_dir) if not int(first_steps) or e["step"] < int(first_steps)]
     if not events:
         raise SystemExit(f"no timeline.jsonl in {run_dir}")
     t0 = min(e["start"] for e in events)
@@ -38,4 +38,4 @@ def main(run_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
