@@ -30,6 +30,8 @@ class LossInputs:
         is_truncated_N: True for sequences cut at max_tokens without EOS (None if unknown).
         ref_logprobs_T: a frozen reference policy's logprobs (no gradient); set only when the loss
             declares `needs_reference = True`.
+        entropy_T: the policy's predictive entropy at each token, with gradient; set only when the
+            loss declares `needs_entropy = True` (it costs one more [tokens, vocab] tensor).
         num_micro_batches: micro-batches in the optimizer step (for per-micro-batch normalisations).
         step: the trainer step (0-based), for losses with schedules.
         max_steps: the run's number of steps.
@@ -45,6 +47,7 @@ class LossInputs:
     step_num_seqs: int = 1
     is_truncated_N: torch.Tensor | None = None
     ref_logprobs_T: torch.Tensor | None = None
+    entropy_T: torch.Tensor | None = None
     num_micro_batches: int = 1
     step: int = 0
     max_steps: int = 1
@@ -63,6 +66,7 @@ class Loss(ABC):
     """
 
     needs_reference: bool = False
+    needs_entropy: bool = False
 
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -157,14 +157,15 @@ class Policy(L.LightningModule):
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""
-        logprobs_T = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature)
+        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy)
+        logprobs_T, entropy_T = out if self.loss.needs_entropy else (out, None)
         ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
         return LossInputs(
             trainer_logprobs_T=logprobs_T, inference_logprobs_T=mb.inference_logprobs_T.float(),
             advantages_T=mb.advantages_T.float(), loss_mask_T=mb.loss_mask_T.float(),
             seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N),
             loss_normalizer=float(max(batch.num_loss_tokens, 1)), step_num_seqs=max(batch.num_loss_seqs, 1),
-            is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, num_micro_batches=len(batch.micro_batches),
+            is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, entropy_T=entropy_T, num_micro_batches=len(batch.micro_batches),
             step=self.trainer.global_step if self._trainer else 0, max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
         )
 

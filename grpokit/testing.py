@@ -78,7 +78,10 @@ def check_loss(loss: Loss) -> None:
         inference = trainer.detach() + noise * torch.randn(t, generator=g, dtype=torch.float64)
         adv = torch.randn(int(seq_ids.max()) + 1, generator=g, dtype=torch.float64)[seq_ids]
         ref = trainer.detach() - 0.1 if loss.needs_reference else None
-        out, metrics = loss(loss_inputs(trainer, inference, adv, mask, seq_ids, ref))
+        inputs = loss_inputs(trainer, inference, adv, mask, seq_ids, ref)
+        if loss.needs_entropy:
+            inputs.entropy_T = torch.rand(t, generator=g, dtype=torch.float64) * mask
+        out, metrics = loss(inputs)
         assert out.dim() == 0 and torch.isfinite(out), f"{name} ({case}): loss must be a finite 0-dim tensor, got {out}"
         for key, value in metrics.items():
             assert torch.is_tensor(value) and value.dim() == 0 and not value.requires_grad, f"{name} ({case}): metric {key} must be a detached 0-dim tensor"

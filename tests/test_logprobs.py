@@ -59,3 +59,17 @@ def test_sampling_is_reproducible_with_a_seed(tiny_model):
 
     a, b = run(), run()
     assert [c.token_ids for c in a[0]] == [c.token_ids for c in b[0]]
+
+
+def test_packed_entropy_matches_full_softmax(tiny_model):
+    model = load_causal_lm(tiny_model).eval()
+    ids = torch.tensor([5, 17, 300, 2, 9, 8, 7])
+    pos = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    with torch.no_grad():
+        logprobs, entropy = packed_token_logprobs(model, ids, pos, torch.tensor([4, 3]), temperature=0.7, with_entropy=True)
+        logits = model(input_ids=ids[None, :4]).logits[0].double() / 0.7
+    p = torch.softmax(logits, -1)
+    expected = -(p * torch.log(p)).sum(-1)  # entropy of the prediction made at each position
+    assert entropy[0] == 0 and entropy[4] == 0  # sequence starts
+    assert torch.allclose(entropy[1:4].double(), expected[:3], atol=1e-4)
+    assert torch.equal(logprobs, packed_token_logprobs(model, ids, pos, torch.tensor([4, 3]), temperature=0.7))

@@ -22,6 +22,7 @@ Per loss token t, with A_t its sequence's advantage and logp_t the trainer's log
   (which uses k3). v_t = 1, or sg[exp(logp_t - logp_infer_t)] with use_on_policy_kl_approximation: the
   tokens were sampled by the engine, so reweighting makes the estimate one of KL(policy || reference).
 - overlong_filtering (DAPO): tokens of sequences cut at max_tokens get l_t = 0.
+- entropy bonus: l_t -= entropy_coeff * H_t (H_t the policy's full-vocabulary entropy at token t).
 
 Departures: overlong filtering keeps the truncated sequences in the step's denominators
 (loss_normalizer, step_num_seqs), where DAPO removes them, so the other tokens weigh slightly less.
@@ -53,6 +54,7 @@ class ClippedPG(Loss):
         overlong_filtering: bool = False,
         normalization: Normalization = "token",
         max_tokens_normalizer: int | None = None,
+        entropy_coeff: float = 0.0,
     ) -> None:
         """
         Args:
@@ -76,6 +78,9 @@ class ClippedPG(Loss):
                 (Dr. GRPO) or bnpo (see grpokit.normalization).
             max_tokens_normalizer: the constant of normalization='constant' (Dr. GRPO uses the
                 generation budget, max_tokens); only with that mode.
+            entropy_coeff: weight of an entropy bonus, l_t -= entropy_coeff * H_t, with H_t the policy's
+                predictive entropy at token t (0 disables it). It costs one more [tokens, vocab]
+                float32 tensor per micro-batch, kept for backward.
         """
         if eps_low < 0 or eps_high < 0:
             raise ValueError(f"ClippedPG needs eps_low >= 0 and eps_high >= 0 (clip bounds 1 - eps_low, 1 + eps_high); got {eps_low}, {eps_high}")
@@ -101,7 +106,11 @@ class ClippedPG(Loss):
         self.overlong_filtering = overlong_filtering
         self.normalization = normalization
         self.max_tokens_normalizer = max_tokens_normalizer
+        if entropy_coeff < 0:
+            raise ValueError(f"entropy_coeff must be >= 0 (it is a bonus; 0 disables it); got {entropy_coeff}")
+        self.entropy_coeff = entropy_coeff
         self.needs_reference = beta > 0
+        self.needs_entropy = entropy_coeff > 0
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_T = inputs.loss_mask_T > 0
@@ -125,6 +134,11 @@ class ClippedPG(Loss):
             obj_T = torch.where(dual_T, self.ratio_clip_c * adv_T, obj_T)
             metrics["dual_clipped_frac"] = token_mean(dual_T, mask_T)
         loss_T = -weight_T * obj_T
+        if self.entropy_coeff > 0:
+            if inputs.entropy_T is None:
+                raise ValueError("ClippedPG with entropy_coeff > 0 needs inputs.entropy_T; the trainer sets it when needs_entropy is True")
+            loss_T = loss_T - self.entropy_coeff * inputs.entropy_T
+            metrics["entropy"] = token_mean(inputs.entropy_T.detach(), mask_T)
 
         if self.beta > 0:
             kl_T = self._kl(inputs, mask_T, train_infer_T)

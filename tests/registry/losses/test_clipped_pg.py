@@ -179,3 +179,18 @@ def test_on_policy_equal_lengths_aipo_clipped_pg_gspo_cispo_share_the_gradient()
 def test_bad_arguments_are_rejected_with_their_names(kw, message):
     with pytest.raises(ValueError, match=message):
         ClippedPG(**kw)
+
+
+def test_entropy_bonus_hand_case_and_gradient():
+    # on-policy, A = 0: the only term is -c * H_t, token-normalised over 2 tokens
+    x = make_inputs([-1.0, -2.0], [-1.0, -2.0], [0.0, 0.0], [0, 0])
+    entropy = torch.tensor([0.5, 1.5], dtype=torch.float64, requires_grad=True)
+    x.entropy_T = entropy
+    loss, metrics = ClippedPG(entropy_coeff=0.1)(x)
+    assert loss.item() == pytest.approx(-0.1 * (0.5 + 1.5) / 2, abs=1e-12)
+    assert metrics["entropy"].item() == pytest.approx(1.0)
+    loss.backward()
+    assert entropy.grad.tolist() == pytest.approx([-0.05, -0.05], abs=1e-12)
+    assert ClippedPG(entropy_coeff=0.1).needs_entropy and not ClippedPG().needs_entropy
+    with pytest.raises(ValueError, match="entropy_coeff must be >= 0"):
+        ClippedPG(entropy_coeff=-1.0)
