@@ -23,6 +23,7 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.env import Environment, EnvSpec
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.batching import resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.packing import pack
@@ -42,8 +43,8 @@ class Orchestrator(L.LightningDataModule):
     def __init__(
         self,
         env: list[EnvSpec] | None = None,
-        batch_size: int = 32,
-        rollouts_per_example: int = 8,
+        batch_size: int | None = None,
+        rollouts_per_example: int | None = None,
         advantage: Advantage | None = None,
         filters: list[Filter] | None = None,
         transport: Transport | None = None,
@@ -56,12 +57,16 @@ class Orchestrator(L.LightningDataModule):
         eval: EvalSettings | None = None,
         num_logged_samples: int = 4,
         timeout: float = 1800.0,
+        generation_batch_size: int | None = None,
+        steps_per_generation: int | None = None,
+        num_generations: int | None = None,
+        num_iterations: int = 1,
     ) -> None:
         """
         Args:
             env: environments to draw prompts from (default: reverse-text).
-            batch_size: rollouts per step (prompts per step * rollouts_per_example).
-            rollouts_per_example: completions sampled per prompt (the GRPO group size G).
+            batch_size: rollouts per optimizer step (prompts per step * rollouts_per_example; default 32).
+            rollouts_per_example: completions sampled per prompt (the GRPO group size G; default 8).
             advantage: turns a group's rewards into advantages (kind `advantage`; default GroupNorm).
             filters: rollout filters (kind `filter`); enforcing ones mask flagged rollouts from the loss.
             transport: carries batches to the trainer (kind `transport`; default FilesystemTransport).
@@ -74,13 +79,15 @@ class Orchestrator(L.LightningDataModule):
             seed: seed of the prompt order.
             num_logged_samples: completions per step written to samples.jsonl.
             timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
+            generation_batch_size: rollouts sampled per generation (ms-swift); = batch_size * steps_per_generation.
+            steps_per_generation: optimizer steps one generation is split into (ms-swift/TRL).
+            num_generations: alias of rollouts_per_example (ms-swift/TRL).
+            num_iterations: optimizer passes over each generation (GRPO's mu; the importance ratio corrects
+                for the weights moving in between).
         """
         super().__init__()
-        if rollouts_per_example < 1 or batch_size % rollouts_per_example:
-            raise ValueError(
-                f"data.batch_size ({batch_size}) must be a positive multiple of data.rollouts_per_example "
-                f"({rollouts_per_example}): batch_size = prompts per step * rollouts_per_example"
-            )
+        self.shape = resolve_batch_shape(batch_size, rollouts_per_example, generation_batch_size, steps_per_generation, num_generations, num_iterations)
+        batch_size, rollouts_per_example = self.shape.batch_size, self.shape.rollouts_per_example
         if max_async_level < 0:
             raise ValueError(f"data.max_async_level must be >= 0, got {max_async_level}")
         if advantage is None:
@@ -105,6 +112,7 @@ class Orchestrator(L.LightningDataModule):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
+        self._generation: tuple[int, list, list, float, dict] | None = None  # (index, generated, kept, gen_time, eval)
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def connect(self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
@@ -141,37 +149,47 @@ class Orchestrator(L.LightningDataModule):
             self.transport.send(self.make_batch(step))
 
     def make_batch(self, step: int) -> TrainingBatch:
-        self.wait_for_weights(max(0, step - self.max_async_level))
-        eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
-        start, wall_start = time.perf_counter(), time.time()
-        generated, groups = self.select_groups(step)
-        gen_time = time.perf_counter() - start
+        generation, chunk, _ = self.shape.locate(step)
+        if self._generation is None or self._generation[0] != generation:
+            first_step = generation * self.shape.steps_per_rollout_generation
+            self.wait_for_weights(max(0, first_step - self.max_async_level))
+            eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
+            start = time.perf_counter()
+            generated, kept = self.select_groups(generation)
+            self._generation = (generation, generated, kept, time.perf_counter() - start, eval_metrics)
+        _, generated, kept, gen_time, eval_metrics = self._generation
+        wall_start = time.time()
+        per_step = self.shape.prompts_per_step
+        groups = kept[chunk * per_step : (chunk + 1) * per_step]
+        generated = generated if self.shape.steps_per_generation == 1 else groups
         rollouts = [r for g in groups for r in g]
-        all_rollouts = [r for g in generated for r in g]
+        all_rollouts = [r for g in generated for r in g] or rollouts
         rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
         lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
         advantages = self.advantage(rewards_PG, lengths_PG).flatten().tolist() if groups else []
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
-        metrics.update(temperature=self.temperature(step), gen_time=gen_time, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **eval_metrics)
+        fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
+        metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **(eval_metrics if fresh else {}))
         self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
         metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
-        record_timeline(self.run_dir, "orchestrator", step, wall_start, time.time(), policy_step=min(r.policy_step for r in all_rollouts))
-        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(step) or 1.0, metrics=metrics)
+        record_timeline(self.run_dir, "orchestrator", step, wall_start - (gen_time if fresh else 0.0), time.time(), policy_step=min(r.policy_step for r in all_rollouts))
+        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(generation) or 1.0, metrics=metrics)
 
-    def select_groups(self, step: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
-        """(every group generated for `step`, the groups it trains on), per the buffer rules.
+    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
+        """(every group sampled for `generation`, the groups it trains on), per the buffer rules.
 
-        Each step owns a fixed block of `rounds * prompts_per_step` prompts and each round its own seed, so
-        the prompts and samples of step n are a function of n (a resumed run continues exactly).
+        Each generation owns a fixed block of `rounds * prompts` prompts and each round its own seed, so
+        a generation's prompts and samples are a function of its index (a resumed run continues exactly).
+        With one step per generation (the default) the generation index is the step.
         """
-        num_prompts = self.batch_size // self.rollouts_per_example
+        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
         generated, kept = [], []
         for round_ in range(self.buffer.rounds):
-            block = step * self.buffer.rounds + round_
-            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(step))
+            block = generation * self.buffer.rounds + round_
+            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(generation))
             self.prompts.position = block * num_prompts
             groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
             generated += groups
@@ -180,10 +198,10 @@ class Orchestrator(L.LightningDataModule):
                 break
         return generated, kept[:num_prompts]
 
-    def temperature(self, step: int) -> float:
-        """The sampling temperature of `step` (the trainer scales its logits by it too)."""
+    def temperature(self, generation: int) -> float:
+        """The sampling temperature of a generation (= step by default; the trainer scales its logits by it too)."""
         if self.temp_scheduler is not None:
-            return self.temp_scheduler.at(step, self.max_steps)
+            return self.temp_scheduler.at(generation, -(-self.max_steps // self.shape.steps_per_rollout_generation))
         return 1.0 if self.sampling.temperature is None else self.sampling.temperature
 
     def wait_for_weights(self, min_step: int) -> None:
