@@ -17,6 +17,7 @@ import lightning as L
 import torch
 
 from grpokit.logprobs import packed_token_logprobs
+from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import load_causal_lm, parse_dtype
@@ -58,6 +59,7 @@ class Policy(L.LightningModule):
         max_grad_norm: float = 1.0,
         dtype: Literal["float32", "bfloat16"] = "float32",
         gradient_checkpointing: bool = False,
+        max_nonfinite_steps: int = 3,
     ) -> None:
         """
         Args:
@@ -73,6 +75,8 @@ class Policy(L.LightningModule):
             max_grad_norm: gradients are clipped to this global norm (0 disables clipping).
             dtype: dtype of the trained weights.
             gradient_checkpointing: recompute activations in backward to save memory.
+            max_nonfinite_steps: a non-finite loss or grad norm skips the optimizer step (counted in
+                skipped_steps); this many in a row stop the run with the batch saved to bad_batches/ (0: never stop).
         """
         super().__init__()
         if loss is None:
@@ -84,6 +88,7 @@ class Policy(L.LightningModule):
         self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
         self.automatic_optimization = False
+        self.guard = NonFiniteGuard(max_nonfinite_steps)
         self.strict_loading = False  # checkpoints hold only the trainable weights
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
@@ -141,10 +146,14 @@ class Policy(L.LightningModule):
             mb_metrics.append(metrics)
             weights.append(float(inputs.loss_mask_T.sum()))
         grad_norm = self._clip_gradients()
-        opt.step()
+        if self.guard.allows_step(float(totals), grad_norm, batch, self.trainer.default_root_dir if self._trainer else None):
+            opt.step()
+        else:
+            self._count_skipped_step()
         opt.zero_grad(set_to_none=True)
         sched.step()
         logs = {"loss": float(totals), "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
+        logs["skipped_steps"] = float(self.guard.skipped)
         logs.update(weighted_mean(mb_metrics, weights))
         logs.update(batch.metrics)
         logs["train_time"] = time.perf_counter() - start
@@ -178,6 +187,13 @@ class Policy(L.LightningModule):
         if self.ref_lm is None:
             self.ref_lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False)
         return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+
+    def _count_skipped_step(self) -> None:
+        """Advance Lightning's step counter without touching the weights or the optimizer state, so the
+        step numbering (weights published as step n, max_steps, checkpoints) stays one per batch."""
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.lm.parameters() if p.grad is not None]

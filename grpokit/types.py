@@ -131,8 +131,11 @@ class WeightUpdate:
         step: the number of optimizer steps these weights have seen.
         tensors: LoRA adapter tensors (peft naming) when lora_config is set, else the full state dict.
         lora_config: the peft LoraConfig as a dict, or None for a full-weights update.
+        path: the folder the update was read from, when a broadcast stores it on disk (engines that
+            load weights themselves, such as vLLM's LoRA hot reload, read it there).
     """
 
     step: int
     tensors: dict[str, torch.Tensor]
     lora_config: dict | None = None
+    path: str | None = None

@@ -79,8 +79,8 @@ class FilesystemBroadcast(WeightBroadcast):
         d = self.step_dir(step)
         if (d / ADAPTER_FILE).exists():
             config = json.loads((d / ADAPTER_CONFIG).read_text())
-            return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config)
-        return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE))
+            return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d))
+        return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d))
 
     def _prune(self, newest: int) -> None:
         for step in self.stable_steps():

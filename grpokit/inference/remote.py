@@ -87,15 +87,19 @@ class RemoteEngine(InferenceEngine):
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
         url, body = url_body
+        return json.loads(self._call(url, "completions", body))
+
+    def _call(self, url: str, endpoint: str, body: dict) -> bytes:
+        """POST `body` to `{url}/{endpoint}`; retries connection errors and 5xx answers; returns the raw answer."""
         data = json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(f"{url.rstrip('/')}/completions", data=data, headers=self._headers, method="POST")
+            request = urllib.request.Request(f"{url.rstrip('/')}/{endpoint}", data=data, headers=self._headers, method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read())
+                    return response.read()
             except urllib.error.HTTPError as e:
                 if e.code < 500 or attempt == self.max_retries:
-                    raise RuntimeError(f"{url}/completions answered {e.code}: {e.read()[:500]!r}") from e
+                    raise RemoteError(f"{url}/{endpoint} answered {e.code}: {e.read()[:500]!r}", e.code) from e
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 if attempt == self.max_retries:
                     raise ConnectionError(f"inference server {url} unreachable after {self.max_retries + 1} tries: {e}") from e
@@ -103,3 +107,11 @@ class RemoteEngine(InferenceEngine):
             log.warning("request to %s failed (try %d), retrying in %.1fs", url, attempt + 1, delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
+
+
+class RemoteError(RuntimeError):
+    """A server answered an HTTP error; `code` is its status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,94 @@
+"""VLLMEngine: RemoteEngine for vLLM's OpenAI server, hot-loading each step's LoRA adapter.
+
+The server is started separately, with LoRA and runtime adapter loading on:
+
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m vllm.entrypoints.openai.api_server \\
+        --model BASE --served-model-name base --enable-lora --max-lora-rank 16 --port 8000
+
+`load_weights(update)` POSTs `/v1/load_lora_adapter` with the update's folder in the filesystem
+broadcast (`broadcasts/step_N/`, a peft adapter) under the name `step_N`, then unloads the previous
+adapter; completions request `model: step_N`. vLLM answers no `weight_step`, so the step of a
+completion is read from the adapter name it echoes in `model` (the base model name means step 0: a
+fresh LoRA adapter is zero, so the base weights are the step-0 policy).
+
+Departures from the builtin engine: full-weights updates are refused (vLLM reloads only LoRA adapters
+at run time); vLLM's logprobs are of the raw model distribution unless the server runs with
+`--logprobs-mode processed_logprobs`, which only matters for temperatures other than 1.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grpokit.inference.remote import RemoteEngine, RemoteError
+from grpokit.types import WeightUpdate
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngine(RemoteEngine):
+    """Client of vLLM OpenAI servers that hot-loads the trainer's LoRA adapter of each step."""
+
+    def __init__(
+        self,
+        base_url: list[str] | str = "http://127.0.0.1:8000/v1",
+        model_name: str = "base",
+        api_key_var: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        max_concurrency: int = 8,
+    ) -> None:
+        """
+        Args:
+            base_url: one vLLM server URL or a list of them (ending in /v1); each loads every adapter,
+                so all must see the run's broadcast folder.
+            model_name: the server's served model name (`--served-model-name`), used until an adapter is loaded.
+            api_key_var: name of the environment variable holding the API key (never the key itself).
+            timeout: seconds per request.
+            max_retries: retries with exponential backoff on connection errors and 5xx answers.
+            max_concurrency: requests in flight at once.
+        """
+        super().__init__(base_url, model_name, api_key_var, timeout, max_retries, max_concurrency)
+        self.base_model_name = model_name
+        self.adapter: str | None = None
+
+    def load_weights(self, update: WeightUpdate) -> None:
+        if update.lora_config is None:
+            raise ValueError(
+                "VLLMEngine hot-loads LoRA adapters only, and this update holds full weights: train with "
+                "model.lora set, or use the builtin engine (full-weights updates to vLLM need NCCL weight "
+                "loading, which is not built yet)"
+            )
+        if update.path is None:
+            raise ValueError("VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)")
+        name = f"step_{update.step}"
+        for url in self.base_urls:
+            self._load_adapter(url, name, update.path)
+        previous, self.adapter, self.model_name, self.weight_step = self.adapter, name, name, update.step
+        if previous is not None and previous != name:
+            for url in self.base_urls:
+                self._unload_adapter(url, previous)
+        log.info("vLLM serves adapter %s from %s", name, update.path)
+
+    def _load_adapter(self, url: str, name: str, path: str) -> None:
+        # load_inplace: a server that outlived an earlier run may hold another adapter under this name
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        try:
+            self._call(url, "load_lora_adapter", body)
+        except RemoteError as e:
+            if e.code == 404:
+                raise RuntimeError(f"{url} has no /load_lora_adapter: start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora") from e
+            raise
+
+    def _unload_adapter(self, url: str, name: str) -> None:
+        try:
+            self._call(url, "unload_lora_adapter", {"lora_name": name})
+        except RemoteError as e:  # already gone: nothing to free
+            log.warning("could not unload adapter %s from %s: %s", name, url, e)
+
+    def _post(self, url_body: tuple[str, dict]) -> dict:
+        answer = super()._post(url_body)
+        if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
+            served = answer.get("model", url_body[1]["model"])
+            answer["weight_step"] = int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else 0
+        return answer

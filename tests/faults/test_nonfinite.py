@@ -1,0 +1,66 @@
+"""Numerics guard: a non-finite loss skips the optimizer step; N in a row stop the run, batch saved."""
+
+import csv
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpokit.cli import main
+from grpokit.guards import NonFiniteError
+from grpokit.transport.codec import decode_batch
+
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
+NAN_LOSS = '''
+import torch
+from grpokit.loss import Loss
+
+class NaNAtSteps(Loss):
+    """AIPO-free test loss: mean -A*logp, NaN at the listed steps."""
+
+    def __init__(self, steps: list[int] = []) -> None:
+        self.steps = steps
+
+    def __call__(self, inputs):
+        loss = -(inputs.advantages_T * inputs.trainer_logprobs_T * inputs.loss_mask_T).sum() / inputs.loss_normalizer
+        return (loss * float("nan") if inputs.step in self.steps else loss), {}
+'''
+
+
+def run(tmp_path, tiny_model, name, steps, *extra):
+    argv = [
+        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", name, "--model.model", tiny_model,
+        "--model.lora.rank", "4", "--model.loss", "nan_loss.NaNAtSteps", "--model.loss.init_args.steps", str(steps),
+        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "6",
+        "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.max_async_level", "0",
+        "--trainer.max_steps", "4", "--ckpt.interval", "0", "--broadcast.init_args.keep_last", "10",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *extra,
+    ]
+    return main(argv)
+
+
+@pytest.fixture
+def nan_loss_module(tmp_path, monkeypatch):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "nan_loss.py").write_text(textwrap.dedent(NAN_LOSS))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+
+def test_one_nan_step_is_skipped_and_weights_are_untouched(tmp_path, tiny_model, nan_loss_module):
+    assert run(tmp_path, tiny_model, "once", [1]) == 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "once" / "metrics.csv")) if r.get("loss")]
+    assert [float(r["skipped_steps"]) for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    broadcasts = tmp_path / "once" / "broadcasts"
+    after_step = {s: load_file(broadcasts / f"step_{s}" / "adapter_model.safetensors") for s in (1, 2, 3)}
+    assert all(torch.equal(after_step[1][k], after_step[2][k]) for k in after_step[1])  # step 1 did not move them
+    assert any(not torch.equal(after_step[2][k], after_step[3][k]) for k in after_step[2])  # step 2 did
+    assert all(torch.isfinite(v).all() for v in after_step[3].values())
+
+
+def test_consecutive_nan_steps_stop_the_run_with_the_batch_saved(tmp_path, tiny_model, nan_loss_module):
+    with pytest.raises(NonFiniteError, match="2 consecutive steps"):
+        run(tmp_path, tiny_model, "always", [0, 1, 2, 3], "--model.max_nonfinite_steps", "2")
+    saved = tmp_path / "always" / "bad_batches" / "step_1.safetensors"
+    assert decode_batch(saved.read_bytes()).step == 1

@@ -1,0 +1,84 @@
+"""VLLMEngine against a stub of vLLM's HTTP API: adapter load/unload requests, model names, weight steps.
+
+The real server is exercised in tests/integration/test_vllm_cpu.py (needs the vLLM venv).
+"""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.inference import SamplingSettings
+from grpokit.inference.vllm import VLLMEngine
+from grpokit.types import WeightUpdate
+
+
+class StubVLLM(BaseHTTPRequestHandler):
+    """Answers like vLLM 0.32: plain-text adapter routes, completions that echo the adapter name and carry no weight_step."""
+
+    calls: list[tuple[str, dict]] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.calls.append((self.path, body))
+        if self.path.endswith("/completions"):
+            choices = [{"index": i, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]}, "finish_reason": "length"} for i in range(body["n"])]
+            payload = json.dumps({"model": body["model"], "choices": choices}).encode()
+        else:
+            payload = b"Success"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub_url():
+    StubVLLM.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubVLLM)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+
+
+def adapter_update(tmp_path, step: int) -> WeightUpdate:
+    broadcast = FilesystemBroadcast()
+    broadcast.setup(tmp_path)
+    broadcast.publish(WeightUpdate(step=step, tensors={"a.lora_A.weight": torch.zeros(2, 2)}, lora_config={"r": 2}))
+    return broadcast.read(step)
+
+
+def test_hot_loads_each_step_and_names_it_in_requests(tmp_path, stub_url):
+    engine = VLLMEngine(stub_url, model_name="base")
+    engine.setup("unused")
+    sampling = SamplingSettings(max_tokens=2)
+    [[before]] = engine.generate([[1, 2]], 1, sampling)
+    assert before.policy_step == 0  # the base model name: the zero adapter of step 0
+    engine.load_weights(adapter_update(tmp_path, 1))
+    engine.load_weights(adapter_update(tmp_path, 2))
+    [[a, b]] = engine.generate([[1, 2]], 2, sampling)
+    assert (a.policy_step, b.policy_step, engine.weight_step) == (2, 2, 2)
+    assert a.token_ids == [5, 6] and a.logprobs == [-1.0, -2.0]
+    routes = [(path, body.get("lora_name") or body.get("model")) for path, body in StubVLLM.calls]
+    assert routes == [
+        ("/v1/completions", "base"), ("/v1/load_lora_adapter", "step_1"), ("/v1/load_lora_adapter", "step_2"),
+        ("/v1/unload_lora_adapter", "step_1"), ("/v1/completions", "step_2"),
+    ]
+    load = StubVLLM.calls[2][1]
+    assert load["lora_path"] == str(tmp_path / "broadcasts" / "step_2") and load["load_inplace"] is True
+
+
+def test_refuses_full_weights_and_updates_without_a_folder(stub_url):
+    engine = VLLMEngine(stub_url)
+    engine.setup("unused")
+    with pytest.raises(ValueError, match="LoRA adapters only.*NCCL"):
+        engine.load_weights(WeightUpdate(step=1, tensors={"w": torch.zeros(1)}))
+    with pytest.raises(ValueError, match="FilesystemBroadcast"):
+        engine.load_weights(WeightUpdate(step=1, tensors={}, lora_config={"r": 2}))
+    assert StubVLLM.calls == []
