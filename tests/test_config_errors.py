@@ -12,6 +12,7 @@ RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yam
 CASES = [
     (["--data.batch_size", "30"], r"data.batch_size \(30\) must be a positive multiple of data.rollouts_per_example \(8\)"),
     (["--data.max_async_level", "-1"], r"data.max_async_level must be >= 0"),
+    (["--data.max_async_level", "3", "--data.max_off_policy_steps", "2"], r"max_off_policy_steps \(2\) must be >= data.max_async_level \(3\)"),
     (["--data.sampling.temperature", "-0.5"], r"temperature must be >= 0"),
     (["--data.sampling.top_p", "1.5"], r"top_p must be in \(0, 1\]"),
     (["--data.sampling.max_tokens", "0"], r"max_tokens must be >= 1"),

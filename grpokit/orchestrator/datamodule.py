@@ -52,6 +52,7 @@ class Orchestrator(L.LightningDataModule):
         temp_scheduler: TemperatureSchedule | None = None,
         seq_len: int = 2048,
         max_async_level: int = 1,
+        max_off_policy_steps: int = 8,
         seed: int = 0,
         buffer: BufferSettings | None = None,
         eval: EvalSettings | None = None,
@@ -74,6 +75,9 @@ class Orchestrator(L.LightningDataModule):
             temp_scheduler: per-step temperature (linear or cosine); excludes sampling.temperature.
             seq_len: tokens per packed micro-batch.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
+            max_off_policy_steps: groups sampled more than this many steps before the step that would
+                train on them are dropped (counted in dropped_off_policy_groups); matters when a
+                generation feeds several steps (steps_per_generation, num_iterations).
             buffer: which groups are trained on (online difficulty filtering, dynamic sampling).
             eval: online evaluation every few steps (null disables it).
             seed: seed of the prompt order.
@@ -90,6 +94,8 @@ class Orchestrator(L.LightningDataModule):
         batch_size, rollouts_per_example = self.shape.batch_size, self.shape.rollouts_per_example
         if max_async_level < 0:
             raise ValueError(f"data.max_async_level must be >= 0, got {max_async_level}")
+        if max_off_policy_steps < max_async_level:
+            raise ValueError(f"data.max_off_policy_steps ({max_off_policy_steps}) must be >= data.max_async_level ({max_async_level}): every batch may be that stale")
         if advantage is None:
             from grpokit.registry.advantages.group_norm import GroupNorm
 
@@ -106,6 +112,7 @@ class Orchestrator(L.LightningDataModule):
             raise ValueError("set either data.sampling.temperature or data.temp_scheduler, not both (the schedule sets the temperature of each step)")
         self.temp_scheduler = temp_scheduler
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
+        self.max_off_policy_steps = max_off_policy_steps
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()
         self.eval_settings = eval
@@ -160,8 +167,9 @@ class Orchestrator(L.LightningDataModule):
         _, generated, kept, gen_time, eval_metrics = self._generation
         wall_start = time.time()
         per_step = self.shape.prompts_per_step
-        groups = kept[chunk * per_step : (chunk + 1) * per_step]
-        generated = generated if self.shape.steps_per_generation == 1 else groups
+        chunk_groups = kept[chunk * per_step : (chunk + 1) * per_step]
+        groups = [g for g in chunk_groups if step - min(r.policy_step for r in g) <= self.max_off_policy_steps]
+        generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else generated  # what the metrics describe
         rollouts = [r for g in groups for r in g]
         all_rollouts = [r for g in generated for r in g] or rollouts
         rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
@@ -171,7 +179,7 @@ class Orchestrator(L.LightningDataModule):
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
         fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
-        metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), **(eval_metrics if fresh else {}))
+        metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), dropped_off_policy_groups=float(len(chunk_groups) - len(groups)), **(eval_metrics if fresh else {}))
         self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
         metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)

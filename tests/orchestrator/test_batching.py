@@ -52,3 +52,21 @@ def test_one_generation_feeds_four_steps(tmp_path, tiny_model):
     assert all(p == 0 for rows in by_step.values() for _, _, p in rows)  # one generation, sampled with weights 0
     assert by_step[0] != by_step[1]  # two chunks of the generation
     assert by_step[2] == by_step[0] and by_step[3] == by_step[1]  # second pass (num_iterations 2) reuses them
+
+
+def test_groups_older_than_max_off_policy_steps_are_dropped(tmp_path, tiny_model):
+    # one generation (weights 0) feeds 3 optimizer steps (num_iterations 3): at step 2 it is 2 steps old
+    argv = [
+        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
+        "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
+        "--data.num_iterations", "3", "--data.max_async_level", "0", "--data.max_off_policy_steps", "1",
+        "--data.sampling.max_tokens", "6", "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null",
+        "--trainer.max_steps", "4", "--ckpt.interval", "0",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    ]
+    assert main(argv) == 0
+    import csv
+
+    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    assert [float(r["groups_trained"]) for r in rows] == [2.0, 2.0, 0.0, 2.0]
+    assert [float(r["dropped_off_policy_groups"]) for r in rows] == [0.0, 0.0, 2.0, 0.0]
