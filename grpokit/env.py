@@ -26,11 +26,14 @@ class EnvSpec:
         id: environment id, e.g. reverse-text (built-in) or any installed verifiers taskset id.
         args: the taskset's config fields (e.g. num_tasks).
         name: name used in metrics; defaults to the id.
+        ratio: share of each step's prompts drawn from this environment (set it on all or none; the
+            default pools all environments' examples).
     """
 
     id: str
     args: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
+    ratio: float | None = None
 
 
 @dataclass

@@ -127,7 +127,10 @@ class Orchestrator(L.LightningDataModule):
         self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
         self.envs = [Environment(spec) for spec in self.env_specs]
-        self.prompts = PromptSampler(self.envs, self.seed)
+        ratios = [spec.ratio for spec in self.env_specs]
+        if any(r is not None for r in ratios) and any(r is None for r in ratios):
+            raise ValueError("data.env: set ratio on every environment or on none")
+        self.prompts = PromptSampler(self.envs, self.seed, ratios=None if ratios[0] is None else ratios)
         self.evaluator = Evaluator(self.eval_settings, self.envs, self.sampling, self.run_dir) if self.eval_settings else None
 
     def connect_trainer(self, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
@@ -198,8 +201,7 @@ class Orchestrator(L.LightningDataModule):
         for round_ in range(self.buffer.rounds):
             block = generation * self.buffer.rounds + round_
             sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(generation))
-            self.prompts.position = block * num_prompts
-            groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.next(num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
+            groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.take(block, num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
             generated += groups
             kept += [g for g in groups if self.buffer.keep([r.reward for r in g])]
             if len(kept) >= num_prompts:
