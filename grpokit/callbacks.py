@@ -23,6 +23,9 @@ class WeightSync(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.broadcast.publish(pl_module.weight_update(trainer.global_step))
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.broadcast.close()  # frees sockets, process groups or shared-memory segments
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         start = time.perf_counter()
         self.broadcast.publish(pl_module.weight_update(trainer.global_step))
