@@ -142,3 +142,18 @@ def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
     for x, y in zip(a.micro_batches, b.micro_batches):
         for name in vars(x):
             assert torch.equal(getattr(x, name), getattr(y, name)), name
+
+
+def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, command: str = "fit") -> list[str]:
+    """CLI arguments for a short run of the shipped reverse-text recipe on a small (test) model: LoRA
+    rank 4, 2 prompts x 4 rollouts of <= 8 tokens per step, no filters, no progress bar. `overrides`
+    come last, so they win over these values."""
+    from importlib.resources import files
+
+    recipe = files("grpokit.recipes") / "reverse_text.yaml"
+    return [
+        command, "--config", str(recipe), "--output_dir", str(output_dir), "--run_name", run_name,
+        "--model.model", model, "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
+        "--data.sampling.max_tokens", "8", "--data.seq_len", "128", "--data.filters", "[]",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *overrides,
+    ]

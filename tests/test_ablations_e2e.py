@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 OVERLAYS = sorted((RECIPES / "ablations").glob("*.yaml"))
@@ -14,13 +15,9 @@ OVERLAYS = sorted((RECIPES / "ablations").glob("*.yaml"))
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.stem)
 def test_overlay_trains_on_tiny_model(overlay, tmp_path, tiny_model):
-    argv = [
-        "fit", "--config", str(RECIPES / "reverse_text.yaml"), "--config", str(overlay),
-        "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model, "--model.lora.rank", "4",
-        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8",
-        "--data.seq_len", "128", "--data.filters", "[]", "--trainer.max_steps", "2", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    # the overlay's --config follows the tiny sizes; the keys an overlay could touch are restated after it
+    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--config", str(overlay), "--model.model", tiny_model, "--model.lora.rank", "4",
+                         "--data.filters", "[]", "--trainer.max_steps", "2", "--ckpt.interval", "0")
     assert main(argv) == 0
     rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in rows] == [0, 1]

@@ -2,23 +2,16 @@
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yaml")
 
 
 def tiny_fit(tmp_path, tiny_model, name, *extra):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", name,
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--model.lr", "1e-3",
-        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8",
-        "--data.seq_len", "128", "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--data.filters", "[]", *extra,
-    ]
+    argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.lr", "1e-3", "--trainer.max_steps", "3", *extra)
     assert main(argv) == 0
     run = tmp_path / name
     return run, list(csv.DictReader(open(run / "metrics.csv")))

@@ -9,19 +9,13 @@ import time
 from pathlib import Path
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yaml")
 MAX_STEPS = 12
 
 
 def argv(tmp_path, tiny_model, name, *extra):
-    return [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", name,
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
-        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
-        "--data.filters", "[]", "--trainer.max_steps", str(MAX_STEPS), "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--ckpt.interval", "2", *extra,
-    ]
+    return tiny_fit_argv(tmp_path, tiny_model, name, "--trainer.max_steps", str(MAX_STEPS), "--ckpt.interval", "2", *extra)
 
 
 def prompts_per_step(run: Path) -> dict[int, list[int]]:

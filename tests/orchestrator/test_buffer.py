@@ -1,14 +1,13 @@
 """Buffer rules: online difficulty filtering and dynamic sampling, on crafted rewards and end to end."""
 
 import csv
-from pathlib import Path
 
 import pytest
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.buffer import BufferSettings
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 
 def test_online_difficulty_filtering_drops_all_zero_and_all_one_groups():
@@ -30,14 +29,10 @@ def test_negative_resample_times_is_rejected():
 
 
 def run(tmp_path, tiny_model, name, temperature):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", name, "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
-        "--data.sampling.max_tokens", "6", "--data.sampling.temperature", str(temperature), "--data.seq_len", "128",
-        "--data.filters", "[]", "--data.buffer.dynamic_sampling", "true", "--data.buffer.max_resample_times", "2",
-        "--trainer.max_steps", "2", "--ckpt.interval", "0", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-    ]
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, name, "--data.sampling.max_tokens", "6", "--data.sampling.temperature", str(temperature),
+        "--data.buffer.dynamic_sampling", "true", "--data.buffer.max_resample_times", "2", "--trainer.max_steps", "2", "--ckpt.interval", "0",
+    )
     assert main(argv) == 0
     return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
 

@@ -2,12 +2,11 @@
 
 import csv
 import json
-from pathlib import Path
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.evaluation import EvalSettings
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 
 def test_schedule():
@@ -18,13 +17,10 @@ def test_schedule():
 
 
 def test_eval_end_to_end(tmp_path, tiny_model):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
-        "--data.sampling.max_tokens", "6", "--data.seq_len", "128", "--data.filters", "[]", "--data.max_async_level", "0",
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.sampling.max_tokens", "6", "--data.max_async_level", "0",
         "--data.eval.interval", "2", "--data.eval.num_examples", "3", "--trainer.max_steps", "4", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    )
     assert main(argv) == 0
     evals = [json.loads(line) for line in open(tmp_path / "r" / "eval.jsonl")]
     assert [e["eval/weight_step"] for e in evals] == [0.0, 2.0]  # synchronous: batch n uses weights n
