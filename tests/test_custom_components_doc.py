@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.components import components, discover
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,13 +15,7 @@ DOC = (ROOT / "docs" / "custom-components.md").read_text()
 
 
 def tiny_fit(tmp_path, tiny_model, name, loss):
-    argv = [
-        "fit", "--config", str(ROOT / "recipes" / "reverse_text.yaml"), "--output_dir", str(tmp_path), "--run_name", name,
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--model.loss", loss, "--data.batch_size", "8",
-        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
-        "--data.filters", "[]", "--trainer.max_steps", "2", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.loss", loss, "--trainer.max_steps", "2", "--ckpt.interval", "0")
     assert main(argv) == 0
     return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
 

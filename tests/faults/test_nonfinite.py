@@ -2,17 +2,16 @@
 
 import csv
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.guards import NonFiniteError
 from grpokit.transport.codec import decode_batch
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 NAN_LOSS = '''
 import torch
 from grpokit.loss import Loss
@@ -30,14 +29,11 @@ class NaNAtSteps(Loss):
 
 
 def run(tmp_path, tiny_model, name, steps, *extra):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", name, "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--model.loss", "nan_loss.NaNAtSteps", "--model.loss.init_args.steps", str(steps),
-        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "6",
-        "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.max_async_level", "0",
-        "--trainer.max_steps", "4", "--ckpt.interval", "0", "--broadcast.init_args.keep_last", "10",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *extra,
-    ]
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, name, "--model.loss", "nan_loss.NaNAtSteps", "--model.loss.init_args.steps", str(steps),
+        "--data.sampling.max_tokens", "6", "--data.eval", "null", "--data.max_async_level", "0",
+        "--trainer.max_steps", "4", "--ckpt.interval", "0", "--broadcast.init_args.keep_last", "10", *extra,
+    )
     return main(argv)
 
 

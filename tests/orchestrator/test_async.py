@@ -2,22 +2,18 @@
 
 import csv
 import json
-from pathlib import Path
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.timeline import read_timeline
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 
 def test_async_level_2_bounds_the_gap_and_overlaps(tmp_path, tiny_model):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "16", "--data.rollouts_per_example", "4",
-        "--data.sampling.max_tokens", "16", "--data.seq_len", "256", "--data.filters", "[]",
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.batch_size", "16", "--data.sampling.max_tokens", "16", "--data.seq_len", "256",
         "--data.max_async_level", "2", "--trainer.max_steps", "8", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    )
     assert main(argv) == 0
     run = tmp_path / "r"
     for line in open(run / "samples.jsonl"):

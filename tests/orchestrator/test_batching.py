@@ -1,14 +1,13 @@
 """Batch arithmetic with ms-swift's aliases, and a generation reused over several optimizer steps."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.batching import BatchShape, resolve_batch_shape
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 
 def test_defaults_and_aliases():
@@ -35,14 +34,11 @@ def test_locate_cycles_chunks_then_iterations():
 
 
 def test_one_generation_feeds_four_steps(tmp_path, tiny_model):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "null", "--data.rollouts_per_example", "4",
-        "--data.generation_batch_size", "16", "--data.steps_per_generation", "2", "--data.num_iterations", "2",
-        "--data.sampling.max_tokens", "6", "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null",
-        "--data.num_logged_samples", "100", "--trainer.max_steps", "4", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.batch_size", "null", "--data.generation_batch_size", "16",
+        "--data.steps_per_generation", "2", "--data.num_iterations", "2", "--data.sampling.max_tokens", "6",
+        "--data.eval", "null", "--data.num_logged_samples", "100", "--trainer.max_steps", "4", "--ckpt.interval", "0",
+    )
     assert main(argv) == 0
     by_step: dict[int, list] = {}
     for line in open(tmp_path / "r" / "samples.jsonl"):
@@ -56,14 +52,10 @@ def test_one_generation_feeds_four_steps(tmp_path, tiny_model):
 
 def test_groups_older_than_max_off_policy_steps_are_dropped(tmp_path, tiny_model):
     # one generation (weights 0) feeds 3 optimizer steps (num_iterations 3): at step 2 it is 2 steps old
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
-        "--data.num_iterations", "3", "--data.max_async_level", "0", "--data.max_off_policy_steps", "1",
-        "--data.sampling.max_tokens", "6", "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null",
-        "--trainer.max_steps", "4", "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ]
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.num_iterations", "3", "--data.max_async_level", "0", "--data.max_off_policy_steps", "1",
+        "--data.sampling.max_tokens", "6", "--data.eval", "null", "--trainer.max_steps", "4", "--ckpt.interval", "0",
+    )
     assert main(argv) == 0
     import csv
 

@@ -1,15 +1,14 @@
 """Prompt order: pooled, or mixed by env ratios; a function of the block index."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from grpokit.cli import main
+from grpokit.testing import tiny_fit_argv
 from grpokit.env import Environment, EnvSpec
 from grpokit.orchestrator.rollouts import PromptSampler
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +43,11 @@ def test_bad_ratios_are_rejected(envs):
 
 
 def test_env_ratios_end_to_end(tmp_path, tiny_model):
-    argv = [
-        "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.env", '[{"id": "reverse-text", "ratio": 3}, {"id": "arithmetic", "ratio": 1}]',
-        "--data.batch_size", "8", "--data.rollouts_per_example", "2", "--data.sampling.max_tokens", "6",
-        "--data.seq_len", "256", "--data.filters", "[]", "--data.eval", "null", "--data.num_logged_samples", "100",
-        "--trainer.max_steps", "2", "--ckpt.interval", "0", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-    ]
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.env", '[{"id": "reverse-text", "ratio": 3}, {"id": "arithmetic", "ratio": 1}]',
+        "--data.rollouts_per_example", "2", "--data.sampling.max_tokens", "6", "--data.seq_len", "256", "--data.eval", "null",
+        "--data.num_logged_samples", "100", "--trainer.max_steps", "2", "--ckpt.interval", "0",
+    )
     assert main(argv) == 0
     samples = [json.loads(line) for line in open(tmp_path / "r" / "samples.jsonl")]
     for step in (0, 1):
