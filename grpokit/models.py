@@ -72,13 +72,22 @@ def _convert_gguf(folder: Path, gguf_file: str, target: Path) -> None:
         raise
 
 
-def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
-    """Load the causal LM for `name` (alias, HF id or path)."""
+def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", quantization: str | None = None, device: str | torch.device = "cpu"):
+    """Load the causal LM for `name` (alias, HF id or path).
+
+    With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
+    `device` (grpokit.quantization); otherwise `device` is ignored and the model loads on the CPU.
+    """
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name)
+    kwargs = {}
+    if quantization is not None:
+        from grpokit.quantization import nf4_config
+
+        kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
     except OSError as e:
         raise FileNotFoundError(f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}") from e
 

@@ -1,0 +1,100 @@
+"""QLoRA's 4-bit NF4 base and bitsandbytes' 8-bit optimizers, with checks that fail at start.
+
+`model.quantization: nf4` loads every linear layer of the base model as bitsandbytes 4-bit NormalFloat
+(NF4, Dettmers et al. 2023) with bf16 compute; peft's `prepare_model_for_kbit_training` then casts the
+remaining weights (embeddings, norms, head) to float32 and LoRA trains on top. `model.optimizer` picks
+torch's AdamW or bitsandbytes' AdamW8bit (block-wise 8-bit moments) / PagedAdamW8bit (moments in CUDA
+unified memory, paged to the host under memory pressure).
+
+bitsandbytes is optional (`pip install grpokit[qlora]`). Measured with bitsandbytes 0.50.2 on a CPU:
+NF4 quantization, Linear4bit forward/backward and AdamW8bit all run; paged optimizers silently fall
+back to unpaged ones (paging needs CUDA unified memory), so `paged_adamw_8bit` is refused off CUDA.
+Each check runs a tiny real operation on the target device, so an install without a backend for that
+device fails at start with the fix, not at the first step.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+QUANTIZATIONS = ("nf4",)
+OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit")
+INSTALL_HINT = "install it with `pip install grpokit[qlora]` (bitsandbytes)"
+
+
+def require_bitsandbytes(key: str, value: str):
+    """Import bitsandbytes or raise ImportError naming the recipe key that needs it and the fix."""
+    try:
+        import bitsandbytes
+    except ImportError as e:
+        fallback = "drop model.quantization (train the unquantized base)" if key == "model.quantization" else "use model.optimizer: adamw"
+        raise ImportError(f"{key}: {value} needs bitsandbytes, which is not installed: {INSTALL_HINT}, or {fallback}") from e
+    return bitsandbytes
+
+
+def validate_choice(key: str, value: str | None, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
+    """transformers' BitsAndBytesConfig for a 4-bit NF4 base with double quantization of the scales."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype,
+    )
+
+
+def check_nf4(device: torch.device | str) -> None:
+    """Quantize and dequantize a 64 x 64 block on `device`; raise RuntimeError with the fix if bitsandbytes cannot."""
+    bnb = require_bitsandbytes("model.quantization", "nf4")
+    from bitsandbytes.functional import dequantize_4bit, quantize_4bit
+
+    try:
+        w_RC = torch.randn(64, 64, device=device, dtype=torch.bfloat16)
+        packed, state = quantize_4bit(w_RC, quant_type="nf4")
+        error = (dequantize_4bit(packed, state, quant_type="nf4").float() - w_RC.float()).abs().max().item()
+    except Exception as e:  # bitsandbytes raises RuntimeError, NotImplementedError or backend-specific errors
+        raise RuntimeError(
+            f"model.quantization: nf4 cannot run on {device}: bitsandbytes {bnb.__version__} has no working 4-bit backend there ({e}). "
+            "Run on a CUDA GPU, install a bitsandbytes release with a CPU backend (0.50.2 runs NF4 on CPU), or drop model.quantization"
+        ) from e
+    if not error < 0.5:  # NF4's worst-case error on N(0, 1) weights is ~0.2; more means a broken kernel
+        raise RuntimeError(f"model.quantization: nf4 on {device}: bitsandbytes {bnb.__version__} round-trips a test block with error {error:.3f}; its backend is broken here")
+
+
+def check_optimizer(name: str, device: torch.device | str) -> None:
+    """Raise, naming the fix, when `name` cannot run as asked on `device` (one real 8-bit step is taken)."""
+    validate_choice("model.optimizer", name, OPTIMIZERS)
+    if name == "adamw":
+        return
+    bnb = require_bitsandbytes("model.optimizer", name)
+    if name.startswith("paged_") and torch.device(device).type != "cuda":
+        raise RuntimeError(
+            f"model.optimizer: {name} needs a CUDA device (paging moves optimizer state through CUDA unified memory; "
+            f"on {device} bitsandbytes would silently run it unpaged): use model.optimizer: adamw_8bit"
+        )
+    try:
+        p = torch.nn.Parameter(torch.randn(64, 64, device=device))  # 4096 elements: bitsandbytes' 8-bit threshold
+        p.grad = torch.ones_like(p)
+        opt = bnb.optim.AdamW8bit([p], lr=1e-3)
+        opt.step()
+    except Exception as e:
+        raise RuntimeError(
+            f"model.optimizer: {name} cannot run on {device}: bitsandbytes {bnb.__version__} failed an 8-bit step ({e}). "
+            "Use model.optimizer: adamw, or run on a CUDA GPU"
+        ) from e
+
+
+def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW (torch), AdamW8bit or PagedAdamW8bit (bitsandbytes) over `params`."""
+    validate_choice("model.optimizer", name, OPTIMIZERS)
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
+    bnb = require_bitsandbytes("model.optimizer", name)
+    cls = bnb.optim.AdamW8bit if name == "adamw_8bit" else bnb.optim.PagedAdamW8bit
+    return cls(params, lr=lr, betas=betas, weight_decay=weight_decay)
