@@ -23,6 +23,12 @@ class SamplingSettings:
         max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
         stop: strings that end a completion (the stop string is kept in the completion).
         seed: seed of the sampler; the orchestrator derives each step's seed from it and the step.
+        min_tokens: stop tokens (EOS) are masked, and stop strings ignored, until a completion has this
+            many tokens (vLLM's min_tokens). Logprobs are of the masked distribution.
+        repetition_penalty: CTRL's penalty on tokens already in the prompt or completion (> 1 discourages
+            repeats; 1 = off), as HF and vLLM define it. Logprobs are of the penalized distribution, which
+            the trainer does not reproduce: the loss's importance ratio sees the penalty as off-policy-ness
+            (docs/orchestrator.md measures it).
     """
 
     temperature: float | None = None
@@ -30,6 +36,8 @@ class SamplingSettings:
     max_tokens: int = 64
     stop: list[str] = field(default_factory=list)
     seed: int = 0
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.temperature is not None and self.temperature < 0:
@@ -38,6 +46,10 @@ class SamplingSettings:
             raise ValueError(f"data.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"data.sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"data.sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"data.sampling.repetition_penalty must be > 0 (1 = off, > 1 discourages repeats), got {self.repetition_penalty}")
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """A plain, batched autoregressive sampler with a KV cache, returning per-token logprobs.
 
-Shape legend: B sequences in the batch, P padded prompt length, V vocabulary.
+Per step: logits -> min_tokens mask and repetition penalty (grpokit.inference.logits_processors) ->
+temperature -> top-p -> sample. Logprobs are of the processed, temperature-scaled distribution before
+top-p: the distribution each token was drawn from, up to the top-p truncation.
+
+Shape legend: B sequences in the batch, P padded prompt length, V vocabulary, S stop token ids.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from grpokit.inference import SamplingSettings
+from grpokit.inference.logits_processors import apply_min_tokens, apply_repetition_penalty, mark_seen, seen_tokens
 
 
 def sample_next(logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +45,9 @@ def sample(
     """Sample one completion per prompt: (token ids, logprobs, is_truncated) each.
 
     Prompts are left-padded; positions count from each prompt's first real token. A completion ends at
-    its first stop token (kept) or when `decode(tokens)` contains a stop string (kept).
+    its first stop token (kept) or when `decode(tokens)` gains a stop string (kept). Before
+    `sampling.min_tokens` tokens, stop tokens are masked and stop strings do not count (vLLM's rule: a
+    stop string completed earlier never ends the completion later).
     """
     from transformers import DynamicCache
 
@@ -54,21 +61,45 @@ def sample(
     positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     logits_BV = model(input_ids=input_ids_BP, attention_mask=mask_BP, position_ids=positions_BP, past_key_values=cache, use_cache=True).logits[:, -1]
+    stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
+    seen_BV = seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None
+    temperature = 1.0 if sampling.temperature is None else sampling.temperature
     next_pos_B1 = positions_BP[:, -1:] + 1
     tokens: list[list[int]] = [[] for _ in range(b)]
     logprobs: list[list[float]] = [[] for _ in range(b)]
+    stop_strings_seen = [0] * b
     done = [False] * b
-    for _ in range(sampling.max_tokens):
-        token_B, logprob_B = sample_next(logits_BV, 1.0 if sampling.temperature is None else sampling.temperature, sampling.top_p, generator)
+    for n in range(sampling.max_tokens):
+        logits_BV = logits_BV.float()
+        if n < sampling.min_tokens:  # every row has generated n tokens
+            logits_BV = apply_min_tokens(logits_BV, torch.full((b,), n, device=device), sampling.min_tokens, stop_ids_S)
+        if seen_BV is not None:
+            logits_BV = apply_repetition_penalty(logits_BV, seen_BV, sampling.repetition_penalty)
+        token_B, logprob_B = sample_next(logits_BV, temperature, sampling.top_p, generator)
+        if seen_BV is not None:
+            mark_seen(seen_BV, token_B)
         for i, (tok, lp) in enumerate(zip(token_B.tolist(), logprob_B.tolist())):
             if done[i]:
                 continue
             tokens[i].append(tok)
             logprobs[i].append(lp)
-            done[i] = tok in stop_token_ids or bool(sampling.stop and decode and any(s in decode(tokens[i]) for s in sampling.stop))
+            done[i] = tok in stop_token_ids or stop_string_ended(tokens[i], sampling, decode, stop_strings_seen, i)
         if all(done):
             break
         mask_BP = torch.cat([mask_BP, torch.ones((b, 1), dtype=mask_BP.dtype, device=device)], dim=1)
         logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BP, position_ids=next_pos_B1, past_key_values=cache, use_cache=True).logits[:, -1]
         next_pos_B1 = next_pos_B1 + 1
     return [(tokens[i], logprobs[i], not done[i]) for i in range(b)]
+
+
+def stop_string_ended(tokens: list[int], sampling: SamplingSettings, decode, seen: list[int], row: int) -> bool:
+    """Whether the latest token completed a new stop string, counting only once min_tokens are reached.
+
+    `seen[row]` holds the number of stop-string occurrences in the row's text after its previous token.
+    """
+    if not (sampling.stop and decode):
+        return False
+    text = decode(tokens)
+    count = sum(text.count(s) for s in sampling.stop)
+    new, seen[row] = count > seen[row], count
+    return new and len(tokens) >= sampling.min_tokens
