@@ -32,6 +32,8 @@ class LossInputs:
             declares `needs_reference = True`.
         entropy_T: the policy's predictive entropy at each token, with gradient; set only when the
             loss declares `needs_entropy = True` (it costs one more [tokens, vocab] tensor).
+        teacher_logprobs_T: a frozen teacher model's logprobs of the same tokens (no gradient), at the
+            sampling temperature; set when the recipe names `model.teacher_model`, else None.
         num_micro_batches: micro-batches in the optimizer step (for per-micro-batch normalisations).
         step: the trainer step (0-based), for losses with schedules.
         max_steps: the run's number of steps.
@@ -48,6 +50,7 @@ class LossInputs:
     is_truncated_N: torch.Tensor | None = None
     ref_logprobs_T: torch.Tensor | None = None
     entropy_T: torch.Tensor | None = None
+    teacher_logprobs_T: torch.Tensor | None = None
     num_micro_batches: int = 1
     step: int = 0
     max_steps: int = 1
@@ -62,11 +65,14 @@ class Loss(ABC):
     loss tokens; the trainer averages them over micro-batches weighted by loss tokens.
 
     A loss that sets the class attribute `needs_reference = True` gets `inputs.ref_logprobs_T` from a
-    frozen copy of the initial policy (with LoRA: the base model, adapter disabled).
+    frozen copy of the initial policy (with LoRA: the base model, adapter disabled). One that sets
+    `needs_teacher = True` needs `model.teacher_model` (the Policy refuses the recipe without it, and a
+    teacher without such a loss).
     """
 
     needs_reference: bool = False
     needs_entropy: bool = False
+    needs_teacher: bool = False
 
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -21,6 +21,7 @@ from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import load_causal_lm, parse_dtype
+from grpokit.teacher import load_teacher
 from grpokit.timeline import record_timeline
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
@@ -60,6 +61,7 @@ class Policy(L.LightningModule):
         dtype: Literal["float32", "bfloat16"] = "float32",
         gradient_checkpointing: bool = False,
         max_nonfinite_steps: int = 3,
+        teacher_model: str | None = None,
     ) -> None:
         """
         Args:
@@ -77,6 +79,9 @@ class Policy(L.LightningModule):
             gradient_checkpointing: recompute activations in backward to save memory.
             max_nonfinite_steps: a non-finite loss or grad norm skips the optimizer step (counted in
                 skipped_steps); this many in a row stop the run with the batch saved to bad_batches/ (0: never stop).
+            teacher_model: a frozen teacher (alias, HF id or local folder) with the policy's tokenizer;
+                its logprobs of each micro-batch's tokens, at the sampling temperature, reach the loss as
+                teacher_logprobs_T (AIPO's teacher_tau). Loaded once on first use, eval mode, no gradient.
         """
         super().__init__()
         if loss is None:
@@ -90,8 +95,16 @@ class Policy(L.LightningModule):
         self.automatic_optimization = False
         self.guard = NonFiniteGuard(max_nonfinite_steps)
         self.strict_loading = False  # checkpoints hold only the trainable weights
+        if (teacher_model is not None) != loss.needs_teacher:
+            raise ValueError(
+                f"model.teacher_model is {teacher_model!r} but model.loss {type(loss).__name__} "
+                f"{'needs' if loss.needs_teacher else 'does not use'} teacher logprobs: set both (e.g. AIPO teacher_tau > 0 "
+                "with model.teacher_model) or neither"
+            )
+        self.teacher_model = teacher_model
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
+        self.teacher_lm: torch.nn.Module | None = None  # loaded on first use
         self.last_weight_sync_time, self._last_step_end = 0.0, None
 
     def configure_model(self) -> None:
@@ -175,6 +188,7 @@ class Policy(L.LightningModule):
             seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N),
             loss_normalizer=float(max(batch.num_loss_tokens, 1)), step_num_seqs=max(batch.num_loss_seqs, 1),
             is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, entropy_T=entropy_T, num_micro_batches=len(batch.micro_batches),
+            teacher_logprobs_T=self.teacher_logprobs(mb, batch.temperature) if self.teacher_model else None,
             step=self.trainer.global_step if self._trainer else 0, max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
         )
 
@@ -187,6 +201,13 @@ class Policy(L.LightningModule):
         if self.ref_lm is None:
             self.ref_lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False)
         return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+
+    @torch.no_grad()
+    def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
+        if self.teacher_lm is None:
+            self.teacher_lm = load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device)
+        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
 
     def _count_skipped_step(self) -> None:
         """Advance Lightning's step counter without touching the weights or the optimizer state, so the

@@ -81,6 +81,8 @@ def check_loss(loss: Loss) -> None:
         inputs = loss_inputs(trainer, inference, adv, mask, seq_ids, ref)
         if loss.needs_entropy:
             inputs.entropy_T = torch.rand(t, generator=g, dtype=torch.float64) * mask
+        if loss.needs_teacher:
+            inputs.teacher_logprobs_T = trainer.detach() + 0.2 * torch.randn(t, generator=g, dtype=torch.float64)
         out, metrics = loss(inputs)
         assert out.dim() == 0 and torch.isfinite(out), f"{name} ({case}): loss must be a finite 0-dim tensor, got {out}"
         for key, value in metrics.items():

@@ -6,7 +6,8 @@ its sequence's advantage, and |i| the loss tokens of sequence i (t in i: token t
     s_i     = exp( (1 / |i|) sum_{t in i} log r_t )          geometric-mean sequence ratio
     w_t     = r_t,  l_t = log r_t                            ratio_type "token"
     w_t     = min(s_i, sequence_clip_high),  l_t = log s_i   ratio_type "sequence", t in i
-    coeff_t = stopgrad( w_t * (adv_tau * A_t - kl_tau * l_t) )
+    A'_t    = adv_tau * A_t + teacher_tau * (logp_teacher_t - logp_train_t)
+    coeff_t = stopgrad( w_t * (A'_t - kl_tau * l_t) )
     loss    = -sum_{t in keep} coeff_t * logp_train_t / normaliser
 
 so d loss / d logp_train_t = -coeff_t / normaliser. `keep` drops
@@ -16,6 +17,15 @@ so d loss / d logp_train_t = -coeff_t / normaliser. `keep` drops
   (min/max sequence masking).
 s_i and the min/max run over all of a sequence's loss tokens, token-masked ones included. With
 ratio_type "sequence" every kept token of sequence i gets the same weight w_t and log-ratio l_t.
+
+The teacher term is on-policy distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
+Models: Learning from Self-Generated Mistakes" (GKD); Thinking Machines 2025, "On-Policy
+Distillation"), as prime-rl adds it to the advantage: logp_teacher_t - logp_train_t is a per-token
+reward, minus the k1 estimate of the reverse KL, so for on-policy tokens (w_t = 1) its expected
+gradient is teacher_tau * grad KL(policy || teacher) (E_p[(logp - logq) grad logp], see grpokit.kl):
+the policy is pulled toward the teacher on the tokens it samples itself. logp_teacher_t comes from
+`model.teacher_model` (a frozen model sharing the policy's tokenizer, scored at the sampling temperature,
+like the reference); with teacher_tau > 0 and no teacher logprobs in the inputs the loss raises.
 
 The normaliser is the number of loss tokens in the whole optimizer step (token-level, as DAPO).
 Departures from a plain PPO surrogate: masking instead of clipping (masked tokens give no gradient at
@@ -50,6 +60,7 @@ class AIPO(Loss):
         sequence_mask_low: float = 0.0,
         sequence_mask_high: float = 100.0,
         sequence_clip_high: float = 10.0,
+        teacher_tau: float = 0.0,
     ) -> None:
         """
         Args:
@@ -66,6 +77,8 @@ class AIPO(Loss):
             sequence_mask_high: sequences with any loss token of ratio above this are dropped.
             sequence_clip_high: with ratio_type "sequence", the cap on s_i in the weight. It binds only
                 for s_i above it that geo_mask_high keeps, so only when geo_mask_high > sequence_clip_high.
+            teacher_tau: weight of the teacher-distillation term (log-prob of the teacher minus the
+                policy's, a per-token reward); > 0 needs `model.teacher_model`. 0 disables it.
         """
         if not 0 <= token_mask_low <= 1 <= token_mask_high:
             raise ValueError(f"AIPO needs token_mask_low <= 1 <= token_mask_high, got {token_mask_low}, {token_mask_high}")
@@ -81,6 +94,8 @@ class AIPO(Loss):
             raise ValueError(
                 f"AIPO needs sequence_clip_high >= 1 (an on-policy sequence has ratio 1), got {sequence_clip_high}"
             )
+        if teacher_tau < 0:
+            raise ValueError(f"AIPO needs teacher_tau >= 0 (0 disables teacher distillation), got {teacher_tau}")
         self.adv_tau = adv_tau
         self.kl_tau = kl_tau
         self.token_mask_low = token_mask_low
@@ -91,6 +106,8 @@ class AIPO(Loss):
         self.sequence_mask_low = sequence_mask_low
         self.sequence_mask_high = sequence_mask_high
         self.sequence_clip_high = sequence_clip_high
+        self.teacher_tau = teacher_tau
+        self.needs_teacher = teacher_tau > 0
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_T = inputs.loss_mask_T > 0
@@ -113,7 +130,10 @@ class AIPO(Loss):
             weight_T = geo_ratio_N.clamp(max=self.sequence_clip_high)[seq_ids_T]
         else:
             kl_log_ratio_T, weight_T = log_ratio_T, ratio_T
-        coeff_T = weight_T * (self.adv_tau * inputs.advantages_T - self.kl_tau * kl_log_ratio_T)
+        adv_T = self.adv_tau * inputs.advantages_T
+        if self.teacher_tau > 0:
+            adv_T = adv_T + self.teacher_tau * self._teacher_log_ratio(inputs)
+        coeff_T = weight_T * (adv_T - self.kl_tau * kl_log_ratio_T)
         coeff_T = torch.where(keep_T, coeff_T, 0.0)  # select, not multiply: an overflowed ratio on a dropped token must not give inf * 0 = NaN
         loss = -(coeff_T * inputs.trainer_logprobs_T).sum() / inputs.loss_normalizer
 
@@ -124,4 +144,16 @@ class AIPO(Loss):
             "seq_masked_frac": ((mask_T & geo_out_N[seq_ids_T]).sum() / n_mask).detach(),
             "sequence_masked_frac": ((mask_T & minmax_out_N[seq_ids_T]).sum() / n_mask).detach(),
         }
+        if self.teacher_tau > 0:  # k1 estimate of KL(policy || teacher) on the sampled tokens
+            metrics["teacher_kl"] = -(torch.where(mask_T, self._teacher_log_ratio(inputs), 0.0).sum() / n_mask)
         return loss, metrics
+
+    def _teacher_log_ratio(self, inputs: LossInputs) -> torch.Tensor:
+        """logp_teacher_t - logp_train_t, detached (0 off the loss mask)."""
+        if inputs.teacher_logprobs_T is None:
+            raise ValueError(
+                f"AIPO with teacher_tau={self.teacher_tau} needs inputs.teacher_logprobs_T: set model.teacher_model "
+                "(a frozen model with the policy's tokenizer), or teacher_tau=0"
+            )
+        diff_T = inputs.teacher_logprobs_T - inputs.trainer_logprobs_T.detach()
+        return torch.where(inputs.loss_mask_T > 0, diff_T, 0.0)

@@ -187,3 +187,63 @@ def test_contracts_hold_in_both_ratio_types():
 def test_bad_sequence_options_are_rejected_with_their_names(kwargs, name):
     with pytest.raises(ValueError, match=name):
         AIPO(**kwargs)
+
+
+# teacher_tau: on-policy distillation toward a frozen teacher's logprobs.
+
+
+def test_teacher_term_hand_computed_loss_gradient_and_metric():
+    # seq 0: ratios 1 and 2, A = 1; seq 1: ratio 1, A = -1. teacher_tau 0.5, so A'_t = A_t + 0.5 (q_t - p_t):
+    # token 0: 1 + 0.5 * 0.5 = 1.25; token 1: 1 + 0.5 * -0.5 = 0.75 (times ratio 2: 1.5); token 2: -1 - 0.15.
+    x = make_loss_inputs(
+        trainer=[-1.0, -2.0, -0.5], infer=[-1.0, -2.0 - LN2, -0.5], adv=[1.0, 1.0, -1.0], seq_ids=[0, 0, 1],
+        teacher_logprobs_T=torch.tensor([-0.5, -2.5, -0.8], dtype=torch.float64),
+    )
+    loss, metrics, grad = loss_and_grad(AIPO(teacher_tau=0.5), x)
+    assert loss.item() == pytest.approx(-(1.25 * -1.0 + 1.5 * -2.0 + -1.15 * -0.5) / 3, abs=1e-12)
+    assert grad == pytest.approx([-1.25 / 3, -1.5 / 3, 1.15 / 3], abs=1e-12)
+    assert metrics["teacher_kl"].item() == pytest.approx((-0.5 + 0.5 + 0.3) / 3, abs=1e-12)  # mean(p - q)
+
+
+def test_teacher_term_follows_the_masks_and_ignores_off_mask_teacher_values():
+    # token 0 is a prompt token with a non-finite teacher logprob; token 2 has ratio 9 > token_mask_high.
+    x = make_loss_inputs(
+        trainer=[-3.0, -1.0, -0.5], infer=[-3.0, -1.0, -0.5 - math.log(9)], adv=[0.0, 0.0, 0.0], mask=[0, 1, 1],
+        teacher_logprobs_T=torch.tensor([-math.inf, -0.6, -0.1], dtype=torch.float64),
+    )
+    loss, metrics, grad = loss_and_grad(AIPO(teacher_tau=2.0), x)
+    assert grad == pytest.approx([0.0, -2.0 * 0.4 / 2, 0.0], abs=1e-12)
+    assert torch.isfinite(loss) and metrics["teacher_kl"].item() == pytest.approx((-0.4 - 0.4) / 2, abs=1e-12)
+
+
+def test_teacher_term_expected_gradient_is_the_reverse_kl_gradient():
+    # One position, V = 3 tokens, sampled from the policy p (ratio 1, A = 0): sum_x p(x) d loss_x / d theta,
+    # with loss_x the loss of token x, equals teacher_tau * grad KL(p || q) (the k1 reward's policy gradient).
+    theta = torch.tensor([0.3, -0.2, 0.9], dtype=torch.float64, requires_grad=True)
+    logq = torch.log_softmax(torch.tensor([1.0, 0.5, -1.0], dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    x = make_loss_inputs(logp.tolist(), logp.tolist(), [0.0] * 3, seq_ids=[0, 1, 2], loss_normalizer=1.0, teacher_logprobs_T=logq)
+    _, _, grad_logp = loss_and_grad(AIPO(teacher_tau=0.7), x)  # d loss_x / d logp(x), token x alone
+    expected = torch.autograd.grad(logp, theta, grad_outputs=logp.exp().detach() * torch.tensor(grad_logp, dtype=torch.float64), retain_graph=True)[0]
+    kl = (logp.exp() * (logp - logq)).sum()
+    (kl_grad,) = torch.autograd.grad(kl, theta)
+    assert expected.tolist() == pytest.approx((0.7 * kl_grad).tolist(), abs=1e-12)
+
+
+def test_teacher_tau_without_teacher_logprobs_names_the_recipe_key():
+    x = make_loss_inputs([-1.0], [-1.0], [1.0])
+    with pytest.raises(ValueError, match="model.teacher_model"):
+        AIPO(teacher_tau=1.0)(x)
+    with pytest.raises(ValueError, match="teacher_tau >= 0"):
+        AIPO(teacher_tau=-1.0)
+
+
+def test_teacher_equal_to_the_policy_changes_nothing_and_contracts_hold():
+    trainer, infer, adv = [-1.0, -2.0, -0.5], [-1.1, -1.8, -0.5], [0.5, 0.5, -1.0]
+    plain = loss_and_grad(AIPO(kl_tau=0.1), make_loss_inputs(trainer, infer, adv, seq_ids=[0, 0, 1]))
+    x = make_loss_inputs(trainer, infer, adv, seq_ids=[0, 0, 1], teacher_logprobs_T=torch.tensor(trainer, dtype=torch.float64))
+    taught = loss_and_grad(AIPO(kl_tau=0.1, teacher_tau=3.0), x)
+    assert taught[0].item() == plain[0].item() and taught[2] == plain[2]
+    assert AIPO(teacher_tau=1.0).needs_teacher and not AIPO().needs_teacher
+    check_loss(AIPO(teacher_tau=1.0))
+    check_loss(AIPO(teacher_tau=1.0, ratio_type="sequence"))

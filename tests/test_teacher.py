@@ -1,0 +1,80 @@
+"""model.teacher_model: the trainer scores each micro-batch under a frozen teacher for AIPO's teacher_tau."""
+
+import csv
+
+import pytest
+import torch
+
+from grpokit.cli import main
+from grpokit.loss import LossInputs
+from grpokit.logprobs import packed_token_logprobs
+from grpokit.models import load_causal_lm, load_tokenizer
+from grpokit.orchestrator.packing import pack
+from grpokit.policy import LoraSettings, Policy
+from grpokit.registry.losses.aipo import AIPO
+from grpokit.registry.losses.clipped_pg import ClippedPG
+from grpokit.testing import tiny_fit_argv
+from grpokit.types import Rollout, TrainingBatch
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_model, tmp_path_factory) -> str:
+    """The tiny model with its final norm scaled by 3: same tokenizer, sharper (different) predictions."""
+    path = tmp_path_factory.mktemp("teacher")
+    lm = load_causal_lm(tiny_model)
+    with torch.no_grad():
+        lm.model.norm.weight.mul_(3.0)
+    lm.save_pretrained(path)
+    load_tokenizer(tiny_model).save_pretrained(path)
+    return str(path)
+
+
+def rollout(prompt, completion):
+    return Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=prompt, completion_ids=completion,
+                   completion_logprobs=[-1.0] * len(completion), completion_mask=[1] * len(completion),
+                   reward=0.0, is_truncated=False, policy_step=0)
+
+
+def test_loss_inputs_carry_the_teacher_logprobs_of_each_packed_token(tiny_model, teacher):
+    policy = Policy(model=tiny_model, lora=LoraSettings(rank=4), loss=AIPO(teacher_tau=1.0), teacher_model=teacher)
+    policy.configure_model()
+    rollouts = [rollout([5, 6, 7], [8, 9]), rollout([10, 11], [12, 13, 14])]
+    [mb] = pack(rollouts, [1.0, -1.0], [True, True], seq_len=64)
+    inputs: LossInputs = policy.loss_inputs(mb, TrainingBatch(step=0, micro_batches=[mb], temperature=0.7))
+    expected_T = packed_token_logprobs(load_causal_lm(teacher), mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, 0.7)
+    assert torch.allclose(inputs.teacher_logprobs_T, expected_T, atol=1e-6)
+    assert not inputs.teacher_logprobs_T.requires_grad
+    mask_T = mb.loss_mask_T > 0
+    assert not torch.allclose(inputs.teacher_logprobs_T[mask_T], inputs.trainer_logprobs_T.detach()[mask_T], atol=1e-3)
+    assert all(not p.requires_grad for p in policy.teacher_lm.parameters())
+    _, metrics = policy.loss(inputs)
+    gap_T = (inputs.trainer_logprobs_T.detach() - inputs.teacher_logprobs_T)[mask_T]
+    assert metrics["teacher_kl"].item() == pytest.approx(gap_T.mean().item(), abs=1e-6)
+
+
+def test_teacher_and_loss_must_agree(tiny_model, teacher):
+    with pytest.raises(ValueError, match="model.teacher_model is None but model.loss AIPO needs teacher logprobs"):
+        Policy(model=tiny_model, loss=AIPO(teacher_tau=0.5))
+    with pytest.raises(ValueError, match="model.loss ClippedPG does not use teacher logprobs"):
+        Policy(model=tiny_model, loss=ClippedPG(), teacher_model=teacher)
+
+
+def test_teacher_with_another_tokenizer_is_refused(tiny_model, tmp_path):
+    tokenizer = load_tokenizer(tiny_model)
+    tokenizer.add_tokens(["<another-vocabulary>"])
+    load_causal_lm(tiny_model).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    policy = Policy(model=tiny_model, loss=AIPO(teacher_tau=1.0), teacher_model=str(tmp_path))
+    policy.configure_model()
+    [mb] = pack([rollout([5, 6], [7])], [1.0], [True], seq_len=16)
+    with pytest.raises(ValueError, match="different tokenizer"):
+        policy.loss_inputs(mb, TrainingBatch(step=0, micro_batches=[mb]))
+
+
+def test_fit_distils_from_a_teacher(tiny_model, teacher, tmp_path):
+    argv = tiny_fit_argv(tmp_path, tiny_model, "t", "--model.loss", "AIPO", "--model.loss.init_args.teacher_tau", "1.0",
+                         "--model.teacher_model", teacher, "--trainer.max_steps", "2", "--ckpt.interval", "0")
+    assert main(argv) == 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "t" / "metrics.csv")) if r.get("loss")]
+    assert [int(r["step"]) for r in rows] == [0, 1]
+    assert all(float(r["teacher_kl"]) != 0.0 and float(r["grad_norm"]) > 0 for r in rows)
