@@ -2,7 +2,7 @@
 
 Requests go to `/v1/completions` with the prompt as token ids and the vLLM extensions the orchestrator
 needs: `logprobs: 0` (only the sampled token's logprob), `return_token_ids: true` (the completion's token
-ids), and grpokit's `weight_step` in the response. The servers load new weights themselves (grpokit's
+ids), `min_tokens` and `repetition_penalty` when set, and grpokit's `weight_step` in the response. The servers load new weights themselves (grpokit's
 server polls the broadcast before each request; vLLM reloads the LoRA adapter), so `load_weights` only
 records the step the orchestrator waited for. Several `base_url`s spread the prompts round-robin.
 """
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 class RemoteEngine(InferenceEngine):
     """Client of one or more OpenAI-compatible completion servers (grpokit infer, or vLLM)."""
+
+    applies_norm_weights = True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
 
     def __init__(
         self,
@@ -70,11 +72,16 @@ class RemoteEngine(InferenceEngine):
         return [[self._completion(choice, answer, sampling) for choice in sorted(answer["choices"], key=lambda c: c["index"])] for answer in answers]
 
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
-        return {
+        body = {
             "model": self.model_name, "prompt": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
             "temperature": 1.0 if sampling.temperature is None else sampling.temperature, "top_p": sampling.top_p,
             "stop": sampling.stop or None, "seed": sampling.seed * 100_003 + index, "logprobs": 0, "return_token_ids": True,
         }
+        if sampling.min_tokens:  # vLLM extensions, sent only when set so plain OpenAI servers still work
+            body["min_tokens"] = sampling.min_tokens
+        if sampling.repetition_penalty != 1.0:
+            body["repetition_penalty"] = sampling.repetition_penalty
+        return body
 
     def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:
         token_ids = list(choice.get("token_ids") or [])

@@ -16,8 +16,10 @@ Where it departs from the OpenAI API:
 - Every response carries a top-level `weight_step`: the trainer step of the weights that produced it.
 - Only the sampled token's logprob exists (the engine has no top-k): chat `top_logprobs` and
   completions `logprobs` above 0 are refused. Logprobs are of the temperature-scaled distribution.
-- No streaming, tools, penalties, logit bias, echo or best_of: a non-default value is a 400, never
-  silently ignored. Other unknown fields are ignored, as vLLM does.
+- `min_tokens` and `repetition_penalty` (vLLM extensions) are honoured, and logprobs are of the
+  processed distribution (stop tokens masked, penalty applied, then temperature).
+- No streaming, tools, presence/frequency penalties, logit bias, echo or best_of: a non-default value
+  is a 400, never silently ignored. Other unknown fields are ignored, as vLLM does.
 - Token ids keep a stop string and the EOS token, as the engine sampled them; `text` and `content`
   end before the stop string, as in OpenAI's API.
 """
@@ -48,7 +50,7 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 # Fields whose non-default value would change the result in a way this server cannot honour: refused.
 UNSUPPORTED = {
     "stream": (False,), "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "top_k": (-1, 0),
+    "presence_penalty": (0,), "frequency_penalty": (0,), "top_k": (-1, 0),
     "min_p": (0,), "tools": ([],), "response_format": ({"type": "text"},),
 }
 TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
@@ -91,6 +93,8 @@ class SamplingRequest:
     seed: int
     logprobs: bool
     return_token_ids: bool
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
 
     @classmethod
     def parse(cls, body: dict, max_tokens: int | None, logprobs: bool) -> SamplingRequest:
@@ -111,6 +115,8 @@ class SamplingRequest:
             seed=secrets.randbits(63) if seed is None else seed,
             logprobs=logprobs,
             return_token_ids=field(body, "return_token_ids", bool, False),
+            min_tokens=field(body, "min_tokens", int, 0, lambda v: v >= 0 and (max_tokens is None or v <= max_tokens), f"in [0, max_tokens={max_tokens}]"),
+            repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
         )
 
 
@@ -281,7 +287,9 @@ class OpenAIApp:
         if room is not None and max_tokens > room:
             used = self.max_model_len - room
             raise RequestError(f"this model's context is {self.max_model_len} tokens: {used} prompt tokens leave room for {room}, not max_tokens={max_tokens}", "max_tokens")
-        sampling = SamplingSettings(params.temperature, params.top_p, max_tokens, params.stop, params.seed)
+        if params.min_tokens > max_tokens:
+            raise RequestError(f"min_tokens ({params.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+        sampling = SamplingSettings(params.temperature, params.top_p, max_tokens, params.stop, params.seed, params.min_tokens, params.repetition_penalty)
         return self.engine.generate(prompts, params.n, sampling)
 
     def text(self, c: Completion, stop: list[str]) -> str:

@@ -13,7 +13,16 @@ fresh LoRA adapter is zero, so the base weights are the step-0 policy).
 
 Departures from the builtin engine: full-weights updates are refused (vLLM reloads only LoRA adapters
 at run time); vLLM's logprobs are of the raw model distribution unless the server runs with
-`--logprobs-mode processed_logprobs`, which only matters for temperatures other than 1.
+`--logprobs-mode processed_logprobs`, which matters for temperatures other than 1 and whenever
+`min_tokens` or `repetition_penalty` is set (the raw logprobs are then not those of the distribution
+the tokens were drawn from). vLLM's processed logprobs are also after top-p truncation; the builtin
+engine's are before it.
+
+QeRL noise (model.noise_scheduler) is refused at start: `/v1/load_lora_adapter` loads adapter weights
+only (vLLM 0.32's LoRA loader rejects modules outside the target modules and takes at most one full
+module, a classification head), so the noisy RMSNorm weights cannot ride in the adapter. vLLM 0.32's
+weight-transfer endpoints (`/init_weight_transfer_engine`, `/update_weights`) could set them by name;
+that is not wired yet.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ log = logging.getLogger(__name__)
 
 class VLLMEngine(RemoteEngine):
     """Client of vLLM OpenAI servers that hot-loads the trainer's LoRA adapter of each step."""
+
+    applies_norm_weights = False  # LoRA hot reload carries adapter weights only
 
     def __init__(
         self,

@@ -141,6 +141,20 @@ def test_weight_step_follows_the_broadcast(tiny_model, tmp_path, client_for):
         assert trainer_error(engine.model, PROMPT_IDS, choice.token_ids, choice.logprobs.token_logprobs, 1.0) < 1 + 1e-4
 
 
+def test_remote_engine_passes_min_tokens_and_repetition_penalty_through(tiny_model):
+    from grpokit.inference.remote import RemoteEngine
+
+    sampling = SamplingSettings(temperature=0, max_tokens=8, min_tokens=3, repetition_penalty=1.5)
+    with serving(tiny_model) as (engine, server):
+        remote = RemoteEngine(base_url=server.url, model_name="tiny")
+        remote.setup(tiny_model)
+        (via_server,) = remote.generate([PROMPT_IDS], 1, sampling)[0]
+        direct = engine.generate([PROMPT_IDS], 1, sampling)[0][0]
+        plain = engine.generate([PROMPT_IDS], 1, SamplingSettings(temperature=0, max_tokens=8))[0][0]
+    assert via_server.token_ids == direct.token_ids != plain.token_ids
+    assert via_server.logprobs == pytest.approx(direct.logprobs, abs=1e-6)
+
+
 @pytest.mark.parametrize(("path", "body", "param", "message"), [
     ("/chat/completions", {"model": "tiny"}, "messages", "messages"),
     ("/chat/completions", {"messages": MESSAGES, "n": 0}, "n", ">= 1"),
@@ -154,6 +168,9 @@ def test_weight_step_follows_the_broadcast(tiny_model, tmp_path, client_for):
     ("/completions", {"prompt": []}, "prompt", "prompt"),
     ("/completions", {"prompt": "x", "stop": 3}, "stop", "stop"),
     ("/completions", b"{not json", None, "not valid JSON"),
+    ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "in [0, max_tokens=4]"),
+    ("/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
+    ("/chat/completions", {"messages": MESSAGES, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
 ])
 def test_bad_requests_get_a_400_naming_the_field(shared_server, path, body, param, message):
     status, payload, text = post(shared_server, path, body)
