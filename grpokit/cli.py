@@ -23,6 +23,7 @@ from grpokit.checkpoint import Checkpointer, CheckpointSettings, resume_path
 from grpokit.components import clashes, components, discover
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
+from grpokit.norm_noise import check_engine_accepts_norms
 from grpokit.orchestrator import Orchestrator
 from grpokit.policy import Policy
 from grpokit.roles import ServerSettings
@@ -91,6 +92,7 @@ class GrpoCLI(LightningCLI):
             self._add_checkpointer(config)
             return
         engine: InferenceEngine = config["inference"]
+        check_engine_accepts_norms(engine, self.model.noise_scheduler)
         broadcast: WeightBroadcast = config["broadcast"]
         broadcast.setup(self.run_dir)
         engine.setup(self.model.model_name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -21,6 +22,9 @@ from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import load_causal_lm, parse_dtype
+from grpokit.noise import NoiseScheduler
+from grpokit.norm_noise import noisy_norms, norm_weights
+from grpokit.quantization import build_optimizer, check_nf4, check_optimizer, check_policy_settings
 from grpokit.teacher import load_teacher
 from grpokit.timeline import record_timeline
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
@@ -61,6 +65,9 @@ class Policy(L.LightningModule):
         dtype: Literal["float32", "bfloat16"] = "float32",
         gradient_checkpointing: bool = False,
         max_nonfinite_steps: int = 3,
+        quantization: Literal["nf4"] | None = None,
+        optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw",
+        noise_scheduler: NoiseScheduler | None = None,
         teacher_model: str | None = None,
     ) -> None:
         """
@@ -79,6 +86,11 @@ class Policy(L.LightningModule):
             gradient_checkpointing: recompute activations in backward to save memory.
             max_nonfinite_steps: a non-finite loss or grad norm skips the optimizer step (counted in
                 skipped_steps); this many in a row stop the run with the batch saved to bad_batches/ (0: never stop).
+            quantization: nf4 = QLoRA: the base's linear layers in bitsandbytes 4-bit NF4 with bf16 compute,
+                the other weights in float32, LoRA on top (needs model.lora and `pip install grpokit[qlora]`).
+            optimizer: adamw (torch), adamw_8bit or paged_adamw_8bit (bitsandbytes; paged needs CUDA).
+            noise_scheduler: QeRL noise on the engine's RMSNorm weights (kind `noise`, e.g. QeRL); null = none.
+                The trainer's weights stay clean; each weight push carries clean norms + N(0, sigma(step)^2).
             teacher_model: a frozen teacher (alias, HF id or local folder) with the policy's tokenizer;
                 its logprobs of each micro-batch's tokens, at the sampling temperature, reach the loss as
                 teacher_logprobs_T (AIPO's teacher_tau). Loaded once on first use, eval mode, no gradient.
@@ -95,6 +107,8 @@ class Policy(L.LightningModule):
         self.automatic_optimization = False
         self.guard = NonFiniteGuard(max_nonfinite_steps)
         self.strict_loading = False  # checkpoints hold only the trainable weights
+        check_policy_settings(quantization, optimizer, lora is not None)
+        self.quantization, self.optimizer_name, self.noise_scheduler = quantization, optimizer, noise_scheduler
         if (teacher_model is not None) != loss.needs_teacher:
             raise ValueError(
                 f"model.teacher_model is {teacher_model!r} but model.loss {type(loss).__name__} "
@@ -110,9 +124,7 @@ class Policy(L.LightningModule):
     def configure_model(self) -> None:
         if self.lm is not None:
             return
-        lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
-        if self.gradient_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm = self._load_base()
         if self.lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -125,6 +137,20 @@ class Policy(L.LightningModule):
                 lm.enable_input_require_grads()
         self.lm = lm.train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
 
+    def _load_base(self) -> torch.nn.Module:
+        """The base model: as stored, or (QLoRA) 4-bit NF4 on the training device, prepared by peft for k-bit training."""
+        if self.quantization is None:
+            lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
+            if self.gradient_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return lm
+        from peft import prepare_model_for_kbit_training
+
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        check_nf4(device)  # fails here, with the fix, rather than inside from_pretrained
+        lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name), quantization=self.quantization, device=device)
+        return prepare_model_for_kbit_training(lm, use_gradient_checkpointing=self.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False})
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Keep only trainable weights (the adapter under LoRA): the frozen base is the model file."""
         trainable = {f"lm.{name}" for name, p in self.lm.named_parameters() if p.requires_grad}
@@ -134,13 +160,28 @@ class Policy(L.LightningModule):
     def weight_update(self, step: int) -> WeightUpdate:
         """The current trainable weights as a WeightUpdate (the adapter only when LoRA is on)."""
         if self.lora is None:
-            return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in self.lm.state_dict().items()})
+            return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in self.lm.state_dict().items()}, norm_tensors=self.noisy_norm_weights(step))
         from peft import get_peft_model_state_dict
 
         config = self.lm.peft_config["default"]
         config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
         tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.lm).items()}
-        return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict)
+        return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step))
+
+    def noise_sigma(self, step: int) -> float:
+        """Sigma of the QeRL noise on the weights published as `step` (0 without an enabled scheduler)."""
+        if self.noise_scheduler is None or not self.noise_scheduler.enabled:
+            return 0.0
+        max_steps = int(self.trainer.max_steps) if self._trainer is not None and (self.trainer.max_steps or 0) > 0 else 1
+        return self.noise_scheduler.sigma(step, max_steps)
+
+    def noisy_norm_weights(self, step: int) -> dict[str, torch.Tensor]:
+        """The engine's RMSNorm weights for `step`: the trainer's clean ones + N(0, sigma(step)^2), a function of
+        (seed_everything, step) alone; {} without an enabled noise scheduler. The trainer's weights are not touched."""
+        if self.noise_scheduler is None or not self.noise_scheduler.enabled:
+            return {}
+        seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))  # the recipe's seed_everything (LightningCLI sets it)
+        return noisy_norms(norm_weights(self.lm), self.noise_sigma(step), seed, step)
 
     # ---- training ---------------------------------------------------------------------------------
     def training_step(self, dataloader_iter) -> None:
@@ -167,6 +208,8 @@ class Policy(L.LightningModule):
         sched.step()
         logs = {"loss": float(totals), "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
         logs["skipped_steps"] = float(self.guard.skipped)
+        if self.noise_scheduler is not None:
+            logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
         logs.update(weighted_mean(mb_metrics, weights))
         logs.update(batch.metrics)
         logs["train_time"] = time.perf_counter() - start
@@ -237,7 +280,8 @@ class Policy(L.LightningModule):
 
     def configure_optimizers(self):
         params = [p for p in self.lm.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, foreach=True)
+        check_optimizer(self.optimizer_name, self.device)
+        opt = build_optimizer(self.optimizer_name, params, self.lr, self.betas, self.weight_decay)
         max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

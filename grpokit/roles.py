@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
+from grpokit.norm_noise import check_engine_accepts_norms
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def infer(cli) -> int:
     config = cli.config_init
     settings: ServerSettings = config["server"]
     engine = settings.engine or BuiltinEngine()
+    check_engine_accepts_norms(engine, cli.model.noise_scheduler)
     broadcast = config["broadcast"]
     broadcast.setup(cli.run_dir)
     engine.setup(cli.model.model_name)
@@ -65,6 +67,7 @@ def orchestrate(cli) -> int:
     """Produce the batches of every step in this process (the engine is the recipe's `inference`)."""
     config = cli.config_init
     engine: InferenceEngine = config["inference"]
+    check_engine_accepts_norms(engine, cli.model.noise_scheduler)
     broadcast = config["broadcast"]
     broadcast.setup(cli.run_dir)
     engine.setup(cli.model.model_name)

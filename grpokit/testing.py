@@ -14,12 +14,13 @@ import torch
 from grpokit.advantage import Advantage
 from grpokit.filter import Filter
 from grpokit.loss import Loss, LossInputs
+from grpokit.noise import NoiseScheduler
 from grpokit.types import MicroBatch, Rollout, TrainingBatch
 
 
 def check_component(cls: type) -> None:
-    """Run the contract checks of `cls`'s kind (loss, advantage or filter); other kinds are skipped."""
-    for base, check in ((Loss, check_loss), (Advantage, check_advantage), (Filter, check_filter)):
+    """Run the contract checks of `cls`'s kind (loss, advantage, filter or noise); other kinds are skipped."""
+    for base, check in ((Loss, check_loss), (Advantage, check_advantage), (Filter, check_filter), (NoiseScheduler, check_noise_scheduler)):
         if issubclass(cls, base):
             check(cls())
 
@@ -122,6 +123,15 @@ def check_filter(flt: Filter) -> None:
     flags = flt.flag(rollouts)
     assert len(flags) == len(rollouts) and all(isinstance(f, bool) for f in flags), f"{name}: flag() must return one bool per rollout"
     assert flt.flag([]) == [], f"{name}: flag([]) must be []"
+
+
+def check_noise_scheduler(scheduler: NoiseScheduler) -> None:
+    """A finite sigma >= 0 for every step 0 .. max_steps (and past it), the same on every call (no state)."""
+    name = type(scheduler).__name__
+    for max_steps in (1, 7, 100):
+        sigmas = [scheduler.sigma(step, max_steps) for step in range(max_steps + 2)]
+        assert all(isinstance(s, float) and 0 <= s < float("inf") for s in sigmas), f"{name}: sigma must be a finite float >= 0, got {sigmas}"
+        assert sigmas == [scheduler.sigma(step, max_steps) for step in range(max_steps + 2)], f"{name}: sigma must be a pure function of (step, max_steps)"
 
 
 def make_training_batch(step: int, tokens: int = 64) -> TrainingBatch:

@@ -29,6 +29,9 @@ class Rollout:
         policy_step: the trainer step of the weights that sampled it.
         completion_text: decoded completion, for logs and samples.
         metrics: per-rollout environment metrics.
+        step_rewards: the environment's reward of each reasoning step of the completion (process
+            supervision), or None when its task reports none (see grpokit.env.Environment.step_rewards).
+        step_ends: for each step, the index in completion_ids of its last token (ascending).
     """
 
     example_id: int
@@ -43,6 +46,8 @@ class Rollout:
     policy_step: int
     completion_text: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    step_rewards: list[float] | None = None
+    step_ends: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -52,6 +57,10 @@ class Rollout:
                 f"({len(self.completion_logprobs)}) and completion_mask ({len(self.completion_mask)}) "
                 "must have the same length"
             )
+        if (self.step_rewards is None) != (self.step_ends is None) or len(self.step_rewards or []) != len(self.step_ends or []):
+            raise ValueError(f"rollout {self.example_id}: step_rewards and step_ends must both be None or have the same length")
+        if any(not 0 <= e < n for e in self.step_ends or []) or sorted(self.step_ends or []) != list(self.step_ends or []):
+            raise ValueError(f"rollout {self.example_id}: step_ends {self.step_ends} must ascend and index completion_ids (0..{n - 1})")
 
     @property
     def num_tokens(self) -> int:
@@ -133,9 +142,27 @@ class WeightUpdate:
         lora_config: the peft LoraConfig as a dict, or None for a full-weights update.
         path: the folder the update was read from, when a broadcast stores it on disk (engines that
             load weights themselves, such as vLLM's LoRA hot reload, read it there).
+        norm_tensors: the engine's RMSNorm weights for this step, base-model names (QeRL noise,
+            grpokit.norm_noise): clean weights plus fresh noise; empty when no noise scheduler is on.
+            The engine loads them after `tensors`, so they win over a full update's clean norms.
     """
 
     step: int
     tensors: dict[str, torch.Tensor]
     lora_config: dict | None = None
     path: str | None = None
+    norm_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def wire_tensors(self) -> dict[str, torch.Tensor]:
+        """`tensors` and `norm_tensors` in one dict (norms under NORMS_PREFIX), for broadcasts that send one list."""
+        return {**self.tensors, **{NORMS_PREFIX + k: v for k, v in self.norm_tensors.items()}}
+
+    @classmethod
+    def from_wire(cls, step: int, wire: dict[str, torch.Tensor], lora_config: dict | None = None, path: str | None = None) -> WeightUpdate:
+        """The inverse of wire_tensors."""
+        norms = {k[len(NORMS_PREFIX):]: v for k, v in wire.items() if k.startswith(NORMS_PREFIX)}
+        tensors = {k: v for k, v in wire.items() if not k.startswith(NORMS_PREFIX)}
+        return cls(step=step, tensors=tensors, lora_config=lora_config, path=path, norm_tensors=norms)
+
+
+NORMS_PREFIX = "noisy_norms/"  # "/" never occurs in a torch parameter name, so no clash with model tensors

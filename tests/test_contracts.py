@@ -7,7 +7,7 @@ import pytest
 from grpokit.components import components, discover
 
 discover()
-CHECKED = [c for c in components() if c.kind in ("loss", "advantage", "filter")]
+CHECKED = [c for c in components() if c.kind in ("loss", "advantage", "filter", "noise")]
 
 
 def load(class_path: str) -> type:
@@ -24,4 +24,4 @@ def test_component_meets_its_contract(component):
 
 def test_every_kind_has_a_builtin():
     kinds = {c.kind for c in components()}
-    assert {"loss", "advantage", "filter", "transport", "broadcast", "inference"} <= kinds
+    assert {"loss", "advantage", "filter", "noise", "transport", "broadcast", "inference"} <= kinds

@@ -1,8 +1,10 @@
 """Filesystem weight broadcast: `{run_dir}/broadcasts/step_N/` with a `STABLE` marker written last.
 
 A LoRA update is a standard peft adapter folder (adapter_model.safetensors + adapter_config.json), so
-vLLM's LoRA hot reload can load it as is; a full update is model.safetensors. Readers only open folders
-that hold STABLE, so they never see a half-written step.
+vLLM's LoRA hot reload can load it as is; a full update is model.safetensors. QeRL's noisy norm weights,
+when a noise scheduler is on, lie beside them in noisy_norms.safetensors (outside the adapter files, so
+the adapter stays loadable by anything that reads peft adapters). Readers only open folders that hold
+STABLE, so they never see a half-written step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
 ADAPTER_FILE, ADAPTER_CONFIG, FULL_FILE, STABLE = "adapter_model.safetensors", "adapter_config.json", "model.safetensors", "STABLE"
+NORMS_FILE = "noisy_norms.safetensors"
 
 
 class FilesystemBroadcast(WeightBroadcast):
@@ -54,6 +57,8 @@ class FilesystemBroadcast(WeightBroadcast):
             atomic_write_json(tmp / ADAPTER_CONFIG, update.lora_config)
         else:
             atomic_save_tensors(tmp / FULL_FILE, update.tensors, metadata={"format": "pt"})
+        if update.norm_tensors:
+            atomic_save_tensors(tmp / NORMS_FILE, update.norm_tensors, metadata={"format": "pt"})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         atomic_write_text(final / STABLE, str(update.step))
@@ -77,10 +82,11 @@ class FilesystemBroadcast(WeightBroadcast):
 
     def read(self, step: int) -> WeightUpdate:
         d = self.step_dir(step)
+        norms = load_file(d / NORMS_FILE) if (d / NORMS_FILE).exists() else {}
         if (d / ADAPTER_FILE).exists():
             config = json.loads((d / ADAPTER_CONFIG).read_text())
-            return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d))
-        return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d))
+            return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms)
+        return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d), norm_tensors=norms)
 
     def _prune(self, newest: int) -> None:
         for step in self.stable_steps():

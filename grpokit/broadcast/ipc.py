@@ -3,7 +3,7 @@
 Per step the trainer writes all tensors of the update into one POSIX shared-memory segment
 (`/dev/shm/grpokit-<run>-<step>`) and then, atomically, a small JSON index beside the run
 (`{run_dir}/broadcasts_ipc/step_N.json`: segment name, and each tensor's name, dtype, shape and byte
-offset). The engine maps the segment and views the tensors without copying them (`torch.frombuffer`);
+offset; QeRL's noisy norm weights ride along, named under WeightUpdate's NORMS_PREFIX). The engine maps the segment and views the tensors without copying them (`torch.frombuffer`);
 loading them into its model is the only copy. A LoRA update moves only the adapter. The index is
 written after the segment is complete, so a reader never sees a partial step; old segments are
 unlinked after `keep_last` newer steps.
@@ -53,7 +53,7 @@ class IPCBroadcast(WeightBroadcast):
 
     def publish(self, update: WeightUpdate) -> None:
         entries, offset = [], 0
-        tensors = {k: v.detach().contiguous().cpu() for k, v in update.tensors.items()}
+        tensors = {k: v.detach().contiguous().cpu() for k, v in update.wire_tensors().items()}
         for name, t in tensors.items():
             if str(t.dtype).removeprefix("torch.") not in DTYPES:
                 raise ValueError(f"IPCBroadcast cannot carry tensor {name!r} of dtype {t.dtype}")
@@ -97,7 +97,7 @@ class IPCBroadcast(WeightBroadcast):
             count = e["nbytes"] // torch.empty(0, dtype=dtype).element_size()
             flat = torch.frombuffer(segment.buf, dtype=dtype, count=count, offset=e["offset"]) if count else torch.empty(0, dtype=dtype)
             tensors[e["name"]] = flat.reshape(e["shape"])
-        update = WeightUpdate(step=step, tensors=tensors, lora_config=index["lora_config"])
+        update = WeightUpdate.from_wire(step, tensors, lora_config=index["lora_config"])
         update._segment = segment  # the views need the mapping: closing it under them would fail
         return update
 

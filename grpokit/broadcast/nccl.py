@@ -8,7 +8,8 @@ Lightning's DDP strategy creates. With several trainer ranks, only the one that 
 Wire protocol, per update (every message is a `broadcast` from rank 0; no pickle anywhere):
 1. the header length as one int64 (0 means "the trainer closed"),
 2. the header: UTF-8 JSON as a uint8 tensor, `{"version", "step", "lora_config", "bucket_bytes",
-   "tensors": [{"name", "dtype", "shape"}, ...]}`,
+   "tensors": [{"name", "dtype", "shape"}, ...]}` (QeRL's noisy norm weights are tensors named under
+   WeightUpdate's NORMS_PREFIX),
 3. the tensors' raw bytes, concatenated in header order with no padding, cut into buckets of at most
    `bucket_bytes`, one broadcast per bucket (a tensor larger than a bucket spans several).
 A header the engine cannot validate stops the receiver (the byte stream can no longer be framed) and
@@ -254,8 +255,9 @@ class NCCLBroadcast(WeightBroadcast):
         self._take_role(0)
         if self._pg is None:
             self._connect()
-        names = list(update.tensors)
-        tensors = [update.tensors[n].detach().contiguous() for n in names]
+        wire = update.wire_tensors()
+        names = list(wire)
+        tensors = [wire[n].detach().contiguous() for n in names]
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in zip(names, tensors)]
         header = Header(step=update.step, lora_config=update.lora_config, bucket_bytes=self.bucket_bytes, specs=specs)
         raw = encode_header(header)
@@ -316,4 +318,4 @@ class NCCLBroadcast(WeightBroadcast):
             bucket = staging[: end - start]
             self._broadcast(bucket)
             copy_bucket(flat, start, end, bucket, into_bucket=False)
-        return WeightUpdate(step=header.step, tensors=tensors, lora_config=header.lora_config)
+        return WeightUpdate.from_wire(header.step, tensors, lora_config=header.lora_config)

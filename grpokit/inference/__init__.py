@@ -66,9 +66,13 @@ class InferenceEngine(ABC):
     """Contract: after `setup(model)`, `generate(prompts, n, sampling)` returns n completions per prompt
     (outer list in prompt order) and `load_weights(update)` switches to the update's weights; every
     Completion records the `policy_step` of the weights that sampled it.
+
+    `applies_norm_weights`: the engine loads `update.norm_tensors` (QeRL's noisy RMSNorm weights) with
+    each update; a recipe with a noise scheduler refuses an engine that does not (checked at start).
     """
 
     weight_step: int = -1
+    applies_norm_weights: bool = False
 
     @abstractmethod
     def setup(self, model: str) -> None:

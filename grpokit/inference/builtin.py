@@ -13,6 +13,7 @@ import torch
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.inference.sampler import sample
 from grpokit.models import load_causal_lm, load_tokenizer, parse_dtype
+from grpokit.norm_noise import apply_norm_weights
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 class BuiltinEngine(InferenceEngine):
     """In-process torch engine: batched sampling with a KV cache and per-token logprobs."""
+
+    applies_norm_weights = True  # QeRL's noisy norms are copied into the base model in place
 
     def __init__(self, dtype: str = "float32", max_batch_size: int = 64, device: str = "auto") -> None:
         """
@@ -54,6 +57,8 @@ class BuiltinEngine(InferenceEngine):
                 raise ValueError(f"adapter of step {update.step} has keys the engine's model lacks: {result.unexpected_keys[:5]}")
         else:
             self.model.load_state_dict({k: v.to(self.device) for k, v in update.tensors.items()}, strict=False)
+        if update.norm_tensors:
+            apply_norm_weights(self.model, update.norm_tensors)
         self.weight_step = update.step
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
