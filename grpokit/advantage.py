@@ -1,6 +1,6 @@
-"""The `advantage` kind: turns a step's rewards into per-rollout advantages.
+"""The `advantage` kind: turns a step's rewards into advantages, per rollout or per token.
 
-Shape legend: P prompts (groups), G rollouts per prompt.
+Shape legend: P prompts (groups), G rollouts per prompt, C completion tokens.
 """
 
 from __future__ import annotations
@@ -9,17 +9,34 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from grpokit.types import Rollout
+
 
 class Advantage(ABC):
     """Contract: `advantage(rewards_PG, lengths_PG) -> advantages_PG`.
 
     Rows are groups of rollouts of the same prompt. Pure tensor function: no state, same dtype and shape
     out as in, finite for finite input (a group whose rewards are all equal gets advantage 0).
+
+    The orchestrator calls `token_advantages(groups)`, one advantage per completion token; by default
+    each rollout's advantage from `__call__` on every token of its completion. An estimator that assigns
+    credit within a completion (Process) overrides it; with one step per rollout that ends at its last
+    token, rewarded with the outcome reward, it must agree with `__call__` (checked by
+    grpokit.testing.check_advantage).
     """
 
     @abstractmethod
     def __call__(self, rewards_PG: torch.Tensor, lengths_PG: torch.Tensor) -> torch.Tensor:
         """Return the advantage of each rollout (shape P x G)."""
+
+    def token_advantages(self, groups: list[list[Rollout]]) -> list[list[float]]:
+        """Each rollout's advantage of each of its completion tokens, groups flattened in order."""
+        if not groups:
+            return []
+        rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
+        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64)
+        advantages = self(rewards_PG, lengths_PG).flatten().tolist()
+        return [[a] * len(r.completion_ids) for a, r in zip(advantages, (r for g in groups for r in g))]
 
 
 def zero_flat_groups(advantages_PG: torch.Tensor, rewards_PG: torch.Tensor) -> torch.Tensor:

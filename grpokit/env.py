@@ -7,6 +7,12 @@ returns no token ids on its chat client (see docs/architecture.md).
 
 An env id `reverse-text` is looked up as the built-in module `grpokit.envs.reverse_text`, then through
 verifiers' loader (an installed module `reverse_text` or `verifiers.v1.tasksets.reverse_text`).
+
+Step rewards (process supervision, for the `Process` advantage): a task that defines a method
+`step_rewards(self, reply: str) -> list[tuple[int, float]]` reports the reply's reasoning steps as
+(end, reward) pairs, `end` the character offset in the reply just past the step's last character
+(ascending, 1..len(reply)). The orchestrator maps each end to the completion token that reaches it.
+Tasks without the method report none (Rollout.step_rewards is None).
 """
 
 from __future__ import annotations
@@ -73,6 +79,24 @@ class Environment:
                 raise ValueError(f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number")
             metrics = {k: float(v) for k, v in (tr.metrics or {}).items() if isinstance(v, (int, float))}
             out.append((float(reward), metrics))
+        return out
+
+
+    def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
+        """Each reply's (end character, reward) steps from its task's `step_rewards(reply)`, or None
+        where the task has no such method; an end out of order or out of the reply, or a non-finite
+        reward, is an error naming the env and example."""
+        out = []
+        for ex, reply in zip(examples, replies):
+            method = getattr(ex.task, "step_rewards", None)
+            steps = None if method is None else [(int(end), float(reward)) for end, reward in method(reply)]
+            ends = [end for end, _ in steps or []]
+            if ends != sorted(ends) or any(not 0 < end <= len(reply) for end in ends) or not all(math.isfinite(r) for _, r in steps or []):
+                raise ValueError(
+                    f"environment {self.name!r} example {ex.index}: step_rewards returned {steps}; expected (end, reward) "
+                    f"pairs with ascending ends in 1..{len(reply)} (the reply's length) and finite rewards"
+                )
+            out.append(steps)
         return out
 
 

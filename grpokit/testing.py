@@ -98,7 +98,8 @@ def check_loss(loss: Loss) -> None:
 
 
 def check_advantage(advantage: Advantage) -> None:
-    """Shape and dtype kept, finite, zero advantage for groups whose rewards are all equal."""
+    """Shape and dtype kept, finite, zero advantage for groups whose rewards are all equal; per token, each
+    rollout's advantage on every completion token when its one step is the whole completion."""
     name = type(advantage).__name__
     g = torch.Generator().manual_seed(0)
     rewards = torch.rand(4, 6, generator=g, dtype=torch.float64)
@@ -109,6 +110,18 @@ def check_advantage(advantage: Advantage) -> None:
     equal = torch.full((3, 5), 0.5, dtype=torch.float64)
     zeros = advantage(equal, torch.ones_like(equal))
     assert torch.all(zeros == 0), f"{name}: groups with equal rewards must get exactly zero advantage, got {zeros}"
+    groups = [
+        [Rollout(example_id=p, env_id="e", group_id=p, prompt_ids=[1], completion_ids=[7] * int(n), completion_logprobs=[-0.5] * int(n),
+                 completion_mask=[1] * int(n), reward=float(r), is_truncated=False, policy_step=0, step_rewards=[float(r)], step_ends=[int(n) - 1])
+         for r, n in zip(rewards[p], lengths[p])]
+        for p in range(len(rewards))
+    ]
+    per_token = advantage.token_advantages(groups)
+    expected = [[a] * int(n) for a, n in zip(out.flatten().tolist(), lengths.flatten().tolist())]
+    assert len(per_token) == len(expected) and all(
+        len(got) == len(want) and all(abs(x - y) <= 1e-9 for x, y in zip(got, want)) for got, want in zip(per_token, expected)
+    ), f"{name}: token_advantages must give each rollout's advantage on each completion token when its one step spans the completion"
+    assert advantage.token_advantages([]) == [], f"{name}: token_advantages([]) must be []"
 
 
 def check_filter(flt: Filter) -> None:

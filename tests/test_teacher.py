@@ -39,7 +39,7 @@ def test_loss_inputs_carry_the_teacher_logprobs_of_each_packed_token(tiny_model,
     policy = Policy(model=tiny_model, lora=LoraSettings(rank=4), loss=AIPO(teacher_tau=1.0), teacher_model=teacher)
     policy.configure_model()
     rollouts = [rollout([5, 6, 7], [8, 9]), rollout([10, 11], [12, 13, 14])]
-    [mb] = pack(rollouts, [1.0, -1.0], [True, True], seq_len=64)
+    [mb] = pack(rollouts, [[1.0] * 2, [-1.0] * 3], [True, True], seq_len=64)
     inputs: LossInputs = policy.loss_inputs(mb, TrainingBatch(step=0, micro_batches=[mb], temperature=0.7))
     expected_T = packed_token_logprobs(load_causal_lm(teacher), mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, 0.7)
     assert torch.allclose(inputs.teacher_logprobs_T, expected_T, atol=1e-6)
@@ -66,7 +66,7 @@ def test_teacher_with_another_tokenizer_is_refused(tiny_model, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     policy = Policy(model=tiny_model, loss=AIPO(teacher_tau=1.0), teacher_model=str(tmp_path))
     policy.configure_model()
-    [mb] = pack([rollout([5, 6], [7])], [1.0], [True], seq_len=16)
+    [mb] = pack([rollout([5, 6], [7])], [[1.0]], [True], seq_len=16)
     with pytest.raises(ValueError, match="different tokenizer"):
         policy.loss_inputs(mb, TrainingBatch(step=0, micro_batches=[mb]))
 

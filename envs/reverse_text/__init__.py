@@ -4,12 +4,16 @@ A verifiers v1 taskset whose dataset is built in code (seeded), so it needs no d
 is the LCS ratio 2 * LCS(reply, target) / (len(reply) + len(target)): dense (partial reversals earn
 partial credit) and 1.0 only for the exact reversal.
 
+Step rewards (for the `Process` advantage): each whitespace-separated word of the reply is a step,
+rewarded with its LCS ratio to the answer's word at the same position (0 for words past the answer's).
+
 Args (recipe `data.env: [{id: reverse-text, args: {...}}]`): num_tasks, min_words, max_words, seed.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 import verifiers.v1 as vf
 
@@ -59,6 +63,11 @@ class ReverseTextTask(vf.Task[ReverseTextData]):
     @vf.metric
     async def exact(self, trace: vf.Trace) -> float:
         return float((trace.last_reply or "") == self.data.answer)
+
+    def step_rewards(self, reply: str) -> list[tuple[int, float]]:
+        """(end character, reward) per word of the reply: its LCS ratio to the answer's word there."""
+        targets = self.data.answer.split()
+        return [(m.end(), lcs_ratio(m.group(), targets[i]) if i < len(targets) else 0.0) for i, m in enumerate(re.finditer(r"\S+", reply))]
 
 
 class ReverseTextConfig(vf.TasksetConfig):

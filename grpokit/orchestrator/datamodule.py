@@ -175,9 +175,7 @@ class Orchestrator(L.LightningDataModule):
         generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else generated  # what the metrics describe
         rollouts = [r for g in groups for r in g]
         all_rollouts = [r for g in generated for r in g] or rollouts
-        rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
-        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64).reshape(len(groups), self.rollouts_per_example)
-        advantages = self.advantage(rewards_PG, lengths_PG).flatten().tolist() if groups else []
+        advantages = self.advantage.token_advantages(groups)
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)

@@ -25,9 +25,10 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def pack(rollouts: list[Rollout], advantages: list[float], trainable: list[bool], seq_len: int) -> list[MicroBatch]:
+def pack(rollouts: list[Rollout], advantages: list[list[float]], trainable: list[bool], seq_len: int) -> list[MicroBatch]:
     """Pack rollouts (prompt + completion each) into micro-batches.
 
+    `advantages` holds one value per completion token of each rollout (Advantage.token_advantages).
     loss_mask is 1 on completion tokens the policy wrote, 0 on prompts and on rollouts that are not
     trainable (flagged by an enforcing filter).
     """
@@ -35,14 +36,16 @@ def pack(rollouts: list[Rollout], advantages: list[float], trainable: list[bool]
     return [_micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins]
 
 
-def _micro_batch(rollouts: list[Rollout], advantages: list[float], trainable: list[bool]) -> MicroBatch:
+def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainable: list[bool]) -> MicroBatch:
     ids, pos, mask, adv, logp = [], [], [], [], []
     for r, a, keep in zip(rollouts, advantages, trainable):
         p, c = len(r.prompt_ids), len(r.completion_ids)
         ids += r.prompt_ids + r.completion_ids
         pos += list(range(p + c))
         mask += [0.0] * p + [float(m) * keep for m in r.completion_mask]
-        adv += [0.0] * p + [a] * c
+        if len(a) != c:
+            raise ValueError(f"rollout {r.example_id}: {len(a)} token advantages for {c} completion tokens")
+        adv += [0.0] * p + list(a)
         logp += [0.0] * p + r.completion_logprobs
     return MicroBatch(
         input_ids_T=torch.tensor(ids, dtype=torch.long),

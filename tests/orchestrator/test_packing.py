@@ -23,7 +23,7 @@ def test_first_fit_decreasing_hand_case():
 
 def test_pack_fields():
     rollouts = [rollout(3, 2), rollout(2, 4), rollout(4, 1)]
-    mbs = pack(rollouts, advantages=[1.0, -2.0, 0.5], trainable=[True, True, False], seq_len=11)
+    mbs = pack(rollouts, advantages=[[1.0] * 2, [-2.0] * 4, [0.5]], trainable=[True, True, False], seq_len=11)
     assert sum(mb.num_tokens for mb in mbs) == 5 + 6 + 5
     assert all(mb.num_tokens <= 11 for mb in mbs)
     assert sum(float(mb.loss_mask_T.sum()) for mb in mbs) == 2 + 4  # the untrainable rollout is masked
