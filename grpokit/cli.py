@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     discover()
     if argv[:1] == ["registry"]:
         return registry_main(argv[1:])
+    if argv[:1] in (["sweep"], ["report"], ["rollouts"]):
+        from grpokit.sweep import commands
+
+        return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[argv[0]](argv[1:])
     if argv[:1] == ["train"]:
         make_cli(["fit", *argv[1:]], role="train")
         return 0
