@@ -28,8 +28,6 @@ class RemoteEngine(InferenceEngine):
 
     applies_norm_weights = True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
 
-    applies_norm_weights = True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
-
     def __init__(
         self,
         base_url: list[str] | str = "http://127.0.0.1:8000/v1",

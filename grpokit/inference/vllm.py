@@ -23,12 +23,6 @@ only (vLLM 0.32's LoRA loader rejects modules outside the target modules and tak
 module, a classification head), so the noisy RMSNorm weights cannot ride in the adapter. vLLM 0.32's
 weight-transfer endpoints (`/init_weight_transfer_engine`, `/update_weights`) could set them by name;
 that is not wired yet.
-
-QeRL noise (model.noise_scheduler) is refused at start: `/v1/load_lora_adapter` loads adapter weights
-only (vLLM 0.32's LoRA loader rejects modules outside the target modules and takes at most one full
-module, a classification head), so the noisy RMSNorm weights cannot ride in the adapter. vLLM 0.32's
-weight-transfer endpoints (`/init_weight_transfer_engine`, `/update_weights`) could set them by name;
-that is not wired yet.
 """
 
 from __future__ import annotations
@@ -43,8 +37,6 @@ log = logging.getLogger(__name__)
 
 class VLLMEngine(RemoteEngine):
     """Client of vLLM OpenAI servers that hot-loads the trainer's LoRA adapter of each step."""
-
-    applies_norm_weights = False  # LoRA hot reload carries adapter weights only
 
     applies_norm_weights = False  # LoRA hot reload carries adapter weights only
 
