@@ -100,6 +100,22 @@ class Environment:
         return out
 
 
+class UnscoredEnvironment(Environment):
+    """An environment whose completions are not verified: every reward is 0, with no metrics and no step
+    rewards (`data.buffer.skip_verification`: throughput tests, losses that need no reward). Shares the
+    examples of the scored environment it is made from, so evaluation can still score them.
+    """
+
+    def __init__(self, env: Environment) -> None:
+        self.spec, self.name, self.examples = env.spec, env.name, env.examples
+
+    def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
+        return [(0.0, {}) for _ in replies]
+
+    def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
+        return [None for _ in replies]
+
+
 def load_taskset(spec: EnvSpec):
     import verifiers.v1 as vf
 

@@ -20,14 +20,16 @@ import torch
 
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
-from grpokit.env import Environment, EnvSpec
+from grpokit.env import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.packing import pack
-from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
+from grpokit.orchestrator.pools import DifficultyPools, hash_key
+from grpokit.orchestrator.prompts import PromptSampler
+from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.timeline import record_timeline
@@ -78,7 +80,8 @@ class Orchestrator(L.LightningDataModule):
             max_off_policy_steps: groups sampled more than this many steps before the step that would
                 train on them are dropped (counted in dropped_off_policy_groups); matters when a
                 generation feeds several steps (steps_per_generation, num_iterations).
-            buffer: which groups are trained on (online difficulty filtering, dynamic sampling).
+            buffer: which groups are trained on (online difficulty filtering, dynamic sampling), which
+                examples are sampled (easy/hard pools, dedup by hash_keys), skip_verification.
             eval: online evaluation every few steps (null disables it).
             seed: seed of the prompt order.
             num_logged_samples: completions per step written to samples.jsonl.
@@ -122,16 +125,30 @@ class Orchestrator(L.LightningDataModule):
         self._generation: tuple[int, list, list, float, dict] | None = None  # (index, generated, kept, gen_time, eval)
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
-    def connect(self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
-        """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side)."""
+    def connect(
+        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, buffer_step: int | None = None
+    ) -> None:
+        """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side).
+
+        The easy/hard pools are restored as they were when the batch of `buffer_step` (default
+        start_step; 0 restores nothing) was sampled.
+        """
         self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
-        self.envs = [Environment(spec) for spec in self.env_specs]
+        scored = [Environment(spec) for spec in self.env_specs]
+        self.envs = [UnscoredEnvironment(env) for env in scored] if self.buffer.skip_verification else scored
         ratios = [spec.ratio for spec in self.env_specs]
         if any(r is not None for r in ratios) and any(r is None for r in ratios):
             raise ValueError("data.env: set ratio on every environment or on none")
-        self.prompts = PromptSampler(self.envs, self.seed, ratios=None if ratios[0] is None else ratios)
-        self.evaluator = Evaluator(self.eval_settings, self.envs, self.sampling, self.run_dir) if self.eval_settings else None
+        self.pools = DifficultyPools(self.buffer, self.run_dir / "buffer.jsonl", self.seed) if self.buffer.uses_pools else None
+        if self.pools is not None:
+            generation = self.shape.locate(start_step)[0]
+            returned = self.pools.resume(generation, self.shape.locate(start_step if buffer_step is None else buffer_step)[0])
+            log.info("easy/hard pools restored: %s (returned to sampling: %s)", self.pools.sizes(), returned)
+        excluded = (lambda block: self.pools.excluded(block // self.buffer.rounds)) if self.pools is not None else None
+        key = hash_key(self.buffer.hash_keys) if self.buffer.hash_keys else None
+        self.prompts = PromptSampler(self.envs, self.seed, ratios=None if ratios[0] is None else ratios, key=key, excluded=excluded)
+        self.evaluator = Evaluator(self.eval_settings, scored, self.sampling, self.run_dir) if self.eval_settings else None
 
     def connect_trainer(self, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
         """Only the trainer's side: receive batches start_step .. max_steps - 1 (`grpokit train`)."""
@@ -180,6 +197,7 @@ class Orchestrator(L.LightningDataModule):
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
         metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
         fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
+        metrics.update(self.pools.sizes() if self.pools is not None else {})
         metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), dropped_off_policy_groups=float(len(chunk_groups) - len(groups)), **(eval_metrics if fresh else {}))
         self._log_samples(step, all_rollouts)
         micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
@@ -199,7 +217,10 @@ class Orchestrator(L.LightningDataModule):
         for round_ in range(self.buffer.rounds):
             block = generation * self.buffer.rounds + round_
             sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(generation))
-            groups = generate_rollouts(self.engine, self.tokenizer, self.prompts.take(block, num_prompts), self.rollouts_per_example, sampling, block * num_prompts)
+            prompts = self.prompts.take(block, num_prompts)
+            groups = generate_rollouts(self.engine, self.tokenizer, prompts, self.rollouts_per_example, sampling, block * num_prompts)
+            for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
+                self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
             generated += groups
             kept += [g for g in groups if self.buffer.keep([r.reward for r in g])]
             if len(kept) >= num_prompts:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from grpokit.env import Environment, EnvSpec
 from grpokit.inference import InferenceEngine, SamplingSettings
-from grpokit.orchestrator.rollouts import PromptSampler, generate_rollouts
+from grpokit.orchestrator.prompts import PromptSampler
+from grpokit.orchestrator.rollouts import generate_rollouts
 
 
 @dataclass

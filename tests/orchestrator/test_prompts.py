@@ -7,7 +7,7 @@ import pytest
 from grpokit.cli import main
 from grpokit.testing import tiny_fit_argv
 from grpokit.env import Environment, EnvSpec
-from grpokit.orchestrator.rollouts import PromptSampler
+from grpokit.orchestrator.prompts import PromptSampler
 
 
 
