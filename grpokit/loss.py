@@ -19,7 +19,7 @@ class LossInputs:
     Attributes:
         trainer_logprobs_T: the policy's logprob of each token, with gradient.
         inference_logprobs_T: the engine's logprob of each token (no gradient).
-        advantages_T: each token's advantage (its sequence's advantage).
+        advantages_T: each token's advantage (its sequence's, unless the advantage assigns credit per token).
         loss_mask_T: 1.0 where the loss applies (completion tokens the policy wrote).
         seq_ids_T: index of the sequence each token belongs to (0..N-1).
         num_seqs: N.
@@ -34,6 +34,11 @@ class LossInputs:
             loss declares `needs_entropy = True` (it costs one more [tokens, vocab] tensor).
         teacher_logprobs_T: a frozen teacher model's logprobs of the same tokens (no gradient), at the
             sampling temperature; set when the recipe names `model.teacher_model`, else None.
+        expert_mask_T: 1.0 on the completion tokens of expert (gold) sequences, which the orchestrator
+            adds with `data.expert`; loss_mask_T never covers them (they have no reward or advantage).
+            The trainer always sets it (zeros without experts); None only in hand-built inputs.
+        expert_normalizer: the expert tokens of the whole optimizer step (at least 1): the denominator
+            of a token-mean SFT term, as loss_normalizer is of the RL terms.
         num_micro_batches: micro-batches in the optimizer step (for per-micro-batch normalisations).
         step: the trainer step (0-based), for losses with schedules.
         max_steps: the run's number of steps.
@@ -51,6 +56,8 @@ class LossInputs:
     ref_logprobs_T: torch.Tensor | None = None
     entropy_T: torch.Tensor | None = None
     teacher_logprobs_T: torch.Tensor | None = None
+    expert_mask_T: torch.Tensor | None = None
+    expert_normalizer: float = 1.0
     num_micro_batches: int = 1
     step: int = 0
     max_steps: int = 1
@@ -67,12 +74,15 @@ class Loss(ABC):
     A loss that sets the class attribute `needs_reference = True` gets `inputs.ref_logprobs_T` from a
     frozen copy of the initial policy (with LoRA: the base model, adapter disabled). One that sets
     `needs_teacher = True` needs `model.teacher_model` (the Policy refuses the recipe without it, and a
-    teacher without such a loss).
+    teacher without such a loss). One that sets `needs_experts = True` trains on the expert sequences
+    `data.expert` adds (`inputs.expert_mask_T`); the trainer refuses a batch with expert sequences for
+    any other loss (it would ignore them), and a batch without them for such a loss.
     """
 
     needs_reference: bool = False
     needs_entropy: bool = False
     needs_teacher: bool = False
+    needs_experts: bool = False
 
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -40,7 +40,9 @@ def mismatch_metrics(trainer_logprobs_T: torch.Tensor, inference_logprobs_T: tor
 
 
 def weighted_mean(metrics: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, float]:
-    """Average each metric over micro-batches, weighted by their loss tokens."""
-    total = sum(weights) or 1.0
+    """Average each metric over the micro-batches that report it, weighted by their loss tokens (a
+    micro-batch without a metric, such as Chord's expert_nll where it holds no expert sequence, does not
+    count as a 0)."""
     names = {k for m in metrics for k in m}
-    return {k: sum(float(m[k]) * w for m, w in zip(metrics, weights) if k in m) / total for k in sorted(names)}
+    totals = {k: sum(w for m, w in zip(metrics, weights) if k in m) or 1.0 for k in names}
+    return {k: sum(float(m[k]) * w for m, w in zip(metrics, weights) if k in m) / totals[k] for k in sorted(names)}

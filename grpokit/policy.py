@@ -188,6 +188,7 @@ class Policy(L.LightningModule):
         # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
         batch: TrainingBatch = next(dataloader_iter)[0]
+        check_experts(self.loss, batch)
         start, wall_start = time.perf_counter(), time.time()
         opt, sched = self.optimizers(), self.lr_schedulers()
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
@@ -232,6 +233,7 @@ class Policy(L.LightningModule):
             loss_normalizer=float(max(batch.num_loss_tokens, 1)), step_num_seqs=max(batch.num_loss_seqs, 1),
             is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, entropy_T=entropy_T, num_micro_batches=len(batch.micro_batches),
             teacher_logprobs_T=self.teacher_logprobs(mb, batch.temperature) if self.teacher_model else None,
+            expert_mask_T=mb.expert_mask_T.float(), expert_normalizer=float(max(batch.num_expert_tokens, 1)),
             step=self.trainer.global_step if self._trainer else 0, max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
         )
 
@@ -285,6 +287,16 @@ class Policy(L.LightningModule):
         max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def check_experts(loss: Loss, batch: TrainingBatch) -> None:
+    """Refuse a batch whose expert sequences (data.expert) the loss would ignore, or a loss that needs
+    them and a batch of sampled sequences without any."""
+    name = type(loss).__name__
+    if batch.num_expert_tokens and not loss.needs_experts:
+        raise ValueError(f"the batch has expert completions (data.expert) but model.loss {name} does not train on them: use Chord, or remove data.expert")
+    if loss.needs_experts and batch.num_loss_tokens and not batch.num_expert_tokens:
+        raise ValueError(f"model.loss {name} trains on expert completions, and the batch has none: set data.expert (e.g. {{field: answer}})")
 
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, schedule: str, min_ratio: float) -> float:

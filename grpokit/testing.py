@@ -74,6 +74,9 @@ def check_loss(loss: Loss) -> None:
     }
     for case, (t, seq_ids, mask) in cases.items():
         mask = mask.double()
+        # a loss that trains on expert sequences gets the last sequence's loss tokens as expert tokens
+        expert = ((seq_ids == seq_ids.max()) & (mask > 0)).double() if loss.needs_experts else torch.zeros_like(mask)
+        mask = mask * (1 - expert)
         trainer = (-torch.rand(t, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
         noise = 0.0 if case == "on-policy" else 0.05
         inference = trainer.detach() + noise * torch.randn(t, generator=g, dtype=torch.float64)
@@ -84,6 +87,8 @@ def check_loss(loss: Loss) -> None:
             inputs.entropy_T = torch.rand(t, generator=g, dtype=torch.float64) * mask
         if loss.needs_teacher:
             inputs.teacher_logprobs_T = trainer.detach() + 0.2 * torch.randn(t, generator=g, dtype=torch.float64)
+        if loss.needs_experts:
+            inputs.expert_mask_T, inputs.expert_normalizer = expert, float(max(expert.sum().item(), 1))
         out, metrics = loss(inputs)
         assert out.dim() == 0 and torch.isfinite(out), f"{name} ({case}): loss must be a finite 0-dim tensor, got {out}"
         for key, value in metrics.items():
@@ -92,7 +97,7 @@ def check_loss(loss: Loss) -> None:
         out.backward()
         grad = trainer.grad
         assert grad is not None and torch.all(torch.isfinite(grad)), f"{name} ({case}): gradient must reach trainer_logprobs_T and be finite"
-        assert torch.all(grad[mask == 0] == 0), f"{name} ({case}): masked tokens must get zero gradient"
+        assert torch.all(grad[(mask == 0) & (expert == 0)] == 0), f"{name} ({case}): tokens outside the loss (and expert) mask must get zero gradient"
         if case == "on-policy":  # off-policy tokens may all be clipped (GSPO's trust region is ~1e-4)
             assert grad.abs().sum() > 0, f"{name}: no gradient on on-policy tokens with non-zero advantages"
 

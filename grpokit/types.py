@@ -32,6 +32,9 @@ class Rollout:
         step_rewards: the environment's reward of each reasoning step of the completion (process
             supervision), or None when its task reports none (see grpokit.env.Environment.step_rewards).
         step_ends: for each step, the index in completion_ids of its last token (ascending).
+        is_expert: an expert (gold) completion the orchestrator added (`data.expert`), not sampled: it
+            has no reward, advantage or inference logprobs and is trained on only by losses with
+            `needs_experts` (Chord's SFT term).
     """
 
     example_id: int
@@ -48,6 +51,7 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
     step_rewards: list[float] | None = None
     step_ends: list[int] | None = None
+    is_expert: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -78,10 +82,13 @@ class MicroBatch:
         input_ids_T: packed token ids.
         position_ids_T: position of each token inside its own sequence (restarts at 0 per sequence).
         loss_mask_T: 1.0 on tokens the loss trains on.
-        advantages_T: the sequence's advantage, broadcast to its tokens.
+        advantages_T: each completion token's advantage (its sequence's, unless the advantage assigns
+            credit per token).
         inference_logprobs_T: the engine's logprob of each token (0 where loss_mask is 0).
         seq_lens_N: length of each packed sequence; they sum to T.
         is_truncated_N: 1 for sequences whose completion hit max_tokens without a stop.
+        expert_mask_T: 1.0 on the completion tokens of expert sequences (Rollout.is_expert), which
+            loss_mask_T never covers; all zeros (the default) when the batch has none.
     """
 
     input_ids_T: torch.Tensor
@@ -91,6 +98,11 @@ class MicroBatch:
     inference_logprobs_T: torch.Tensor
     seq_lens_N: torch.Tensor
     is_truncated_N: torch.Tensor
+    expert_mask_T: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.expert_mask_T is None:
+            self.expert_mask_T = torch.zeros_like(self.loss_mask_T)
 
     @property
     def num_tokens(self) -> int:
@@ -121,6 +133,10 @@ class TrainingBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(sum(mb.loss_mask_T.sum().item() for mb in self.micro_batches))
+
+    @property
+    def num_expert_tokens(self) -> int:
+        return int(sum(mb.expert_mask_T.sum().item() for mb in self.micro_batches))
 
     @property
     def num_loss_seqs(self) -> int:

@@ -26,6 +26,7 @@ from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
+from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
 from grpokit.orchestrator.prompts import PromptSampler
@@ -64,6 +65,7 @@ class Orchestrator(L.LightningDataModule):
         steps_per_generation: int | None = None,
         num_generations: int | None = None,
         num_iterations: int = 1,
+        expert: ExpertSettings | None = None,
     ) -> None:
         """
         Args:
@@ -91,6 +93,8 @@ class Orchestrator(L.LightningDataModule):
             num_generations: alias of rollouts_per_example (ms-swift/TRL).
             num_iterations: optimizer passes over each generation (GRPO's mu; the importance ratio corrects
                 for the weights moving in between).
+            expert: add one expert completion per group, the example's reference answer (for losses
+                that learn from demonstrations, such as Chord); null adds none.
         """
         super().__init__()
         self.shape = resolve_batch_shape(batch_size, rollouts_per_example, generation_batch_size, steps_per_generation, num_generations, num_iterations)
@@ -119,6 +123,7 @@ class Orchestrator(L.LightningDataModule):
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()
         self.eval_settings = eval
+        self.expert = expert
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -200,7 +205,9 @@ class Orchestrator(L.LightningDataModule):
         metrics.update(self.pools.sizes() if self.pools is not None else {})
         metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), dropped_off_policy_groups=float(len(chunk_groups) - len(groups)), **(eval_metrics if fresh else {}))
         self._log_samples(step, all_rollouts)
-        micro_batches = pack(rollouts, advantages, trainable, self.seq_len)
+        experts = expert_rollouts(groups, self.envs, self.tokenizer, self.expert) if self.expert else []
+        metrics["expert_seqs"] = float(len(experts))
+        micro_batches = pack(rollouts + experts, advantages + [[0.0] * len(r.completion_ids) for r in experts], trainable + [True] * len(experts), self.seq_len)
         metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
         record_timeline(self.run_dir, "orchestrator", step, wall_start - (gen_time if fresh else 0.0), time.time(), policy_step=min(r.policy_step for r in all_rollouts))
         return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(generation) or 1.0, metrics=metrics)

@@ -30,19 +30,22 @@ def pack(rollouts: list[Rollout], advantages: list[list[float]], trainable: list
 
     `advantages` holds one value per completion token of each rollout (Advantage.token_advantages).
     loss_mask is 1 on completion tokens the policy wrote, 0 on prompts and on rollouts that are not
-    trainable (flagged by an enforcing filter).
+    trainable (flagged by an enforcing filter). An expert rollout's completion tokens go to expert_mask
+    instead of loss_mask.
     """
     bins = first_fit_decreasing([r.num_tokens for r in rollouts], seq_len)
     return [_micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins]
 
 
 def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainable: list[bool]) -> MicroBatch:
-    ids, pos, mask, adv, logp = [], [], [], [], []
+    ids, pos, mask, adv, logp, expert = [], [], [], [], [], []
     for r, a, keep in zip(rollouts, advantages, trainable):
         p, c = len(r.prompt_ids), len(r.completion_ids)
         ids += r.prompt_ids + r.completion_ids
         pos += list(range(p + c))
-        mask += [0.0] * p + [float(m) * keep for m in r.completion_mask]
+        trained = [float(m) * keep for m in r.completion_mask]
+        mask += [0.0] * p + ([0.0] * c if r.is_expert else trained)
+        expert += [0.0] * p + (trained if r.is_expert else [0.0] * c)
         if len(a) != c:
             raise ValueError(f"rollout {r.example_id}: {len(a)} token advantages for {c} completion tokens")
         adv += [0.0] * p + list(a)
@@ -55,4 +58,5 @@ def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainab
         inference_logprobs_T=torch.tensor(logp, dtype=torch.float32),
         seq_lens_N=torch.tensor([r.num_tokens for r in rollouts], dtype=torch.long),
         is_truncated_N=torch.tensor([r.is_truncated for r in rollouts], dtype=torch.bool),
+        expert_mask_T=torch.tensor(expert, dtype=torch.float32),
     )
