@@ -9,6 +9,7 @@ the recipe file was edited in between.
 from __future__ import annotations
 
 import io
+import warnings
 from contextlib import redirect_stderr, redirect_stdout
 
 from grpokit.sweep.spec import SweepError
@@ -19,12 +20,12 @@ def resolve_config(recipe_argv: list[str], run_label: str) -> str:
     from grpokit.cli import make_cli
 
     out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
+    with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # the sweep's own sys.argv is not the run's
         try:
             make_cli(["fit", *recipe_argv, "--print_config"])
         except SystemExit as e:
             if e.code not in (0, None):
-                message = "\n".join(line for line in err.getvalue().splitlines() if "LightningCLI's args parameter" not in line)
-                raise SweepError(f"run {run_label}: the recipe does not parse with this run's settings:\n{message.strip()[-2000:]}") from None
+                raise SweepError(f"run {run_label}: the recipe does not parse with this run's settings:\n{err.getvalue().strip()[-2000:]}") from None
             return out.getvalue()
     raise SweepError(f"run {run_label}: --print_config did not stop the CLI (grpokit fit {' '.join(recipe_argv)})")
