@@ -81,7 +81,6 @@ class Environment:
             out.append((float(reward), metrics))
         return out
 
-
     def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
         """Each reply's (end character, reward) steps from its task's `step_rewards(reply)`, or None
         where the task has no such method; an end out of order or out of the reply, or a non-finite

@@ -26,6 +26,43 @@ def selective_logprobs(logits_TV: torch.Tensor, targets_T: torch.Tensor) -> torc
     return picked_T - torch.logsumexp(logits_TV, dim=-1)
 
 
+def _chunk_logprobs(lm_head, hidden_CH, targets_C, temperature: float, with_entropy: bool):
+    logits_CV = lm_head(hidden_CH).float() / temperature
+    lse_C = torch.logsumexp(logits_CV, dim=-1)
+    picked_C = logits_CV.gather(-1, targets_C[:, None]).squeeze(-1) - lse_C
+    if not with_entropy:
+        return picked_C
+    return picked_C, lse_C - (torch.softmax(logits_CV, -1) * logits_CV).sum(-1)
+
+
+def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_T: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool = False):
+    """log softmax(lm_head(hidden_t) / temperature)[target_t] per row, `chunk_size` rows at a time.
+
+    Each chunk runs under activation checkpointing, so neither the forward nor the backward ever holds
+    more than one [chunk_size, vocab] float32 logits tensor (the full one is tokens x vocab x 4 bytes:
+    5 GB for 8,192 tokens of a 152k vocabulary). Backward recomputes each chunk's logits once.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [
+        checkpoint(_chunk_logprobs, lm_head, hidden_TH[i : i + chunk_size], targets_T[i : i + chunk_size], temperature, with_entropy, use_reentrant=False)
+        for i in range(0, hidden_TH.shape[0], chunk_size)
+    ]
+    if not with_entropy:
+        return torch.cat(parts)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _supports_chunking(lm: torch.nn.Module) -> bool:
+    """The causal LM's logits are exactly lm_head(final hidden state): no softcapping or logit scaling."""
+    config = lm.config
+    return (
+        hasattr(lm, "model") and lm.get_output_embeddings() is not None
+        and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) in (None, 1.0)
+        and getattr(config, "logits_scaling", None) in (None, 1.0)
+    )
+
+
 def packed_token_logprobs(
     model: torch.nn.Module,
     input_ids_T: torch.Tensor,
@@ -33,22 +70,46 @@ def packed_token_logprobs(
     seq_lens_N: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk_size: int = 0,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
     Logits are divided by `temperature` so the result matches the engine's sampling distribution. With
     `with_entropy`, also returns the entropy of each token's predictive distribution (same alignment;
-    0 at sequence starts): H = logsumexp(l) - sum softmax(l) * l, which materialises one more
-    [tokens, vocab] float32 tensor (kept for backward) per micro-batch.
+    0 at sequence starts): H = logsumexp(l) - sum softmax(l) * l.
+
+    Attention: with the model on grpokit's varlen backend (grpokit.varlen.use_varlen), sequences are
+    separated by cumulative lengths; otherwise by a dense [T, T] block-diagonal mask.
+    Memory: `chunk_size` > 0 computes logits from the final hidden states `chunk_size` tokens at a time
+    (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
+    more such tensor for the entropy), kept for backward.
     """
-    dtype = next(model.parameters()).dtype
-    mask = packed_attention_mask(seq_lens_N.to(input_ids_T.device), dtype if dtype.is_floating_point else torch.float32)
-    logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], attention_mask=mask).logits[0]
+    from grpokit.varlen import NAME as VARLEN
+
+    lm = model.get_base_model() if hasattr(model, "peft_config") else model
+    seq_lens_N = seq_lens_N.to(input_ids_T.device)
+    kwargs = {}
+    if getattr(lm.config, "_attn_implementation", None) == VARLEN:
+        cu_N1 = torch.cat([seq_lens_N.new_zeros(1), seq_lens_N.cumsum(0)]).to(torch.int32)
+        max_len = int(seq_lens_N.max())
+        kwargs = {"cu_seq_lens_q": cu_N1, "cu_seq_lens_k": cu_N1, "max_length_q": max_len, "max_length_k": max_len}
+    else:
+        dtype = next(model.parameters()).dtype
+        kwargs = {"attention_mask": packed_attention_mask(seq_lens_N, dtype if dtype.is_floating_point else torch.float32)}
     logprobs_T = torch.zeros(input_ids_T.shape, dtype=torch.float32, device=input_ids_T.device)
+    starts_T = position_ids_T[1:] == 0
+    if chunk_size > 0 and _supports_chunking(lm):
+        hidden_TH = lm.model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], **kwargs).last_hidden_state[0]
+        out = chunked_logprobs(lm.get_output_embeddings(), hidden_TH[:-1], input_ids_T[1:], temperature, chunk_size, with_entropy)
+        predicted, entropy = out if with_entropy else (out, None)
+        logprobs_T = torch.cat([logprobs_T[:1], torch.where(starts_T, torch.zeros_like(predicted), predicted)])
+        if not with_entropy:
+            return logprobs_T
+        return logprobs_T, torch.cat([entropy.new_zeros(1), torch.where(starts_T, torch.zeros_like(entropy), entropy)])
+    logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], **kwargs).logits[0]
     # token t is predicted by the logits at t-1; at a sequence start (position 0) there is no prediction.
     scaled_TV = logits_TV[:-1] / temperature
     predicted = selective_logprobs(scaled_TV, input_ids_T[1:])
-    starts_T = position_ids_T[1:] == 0
     logprobs_T = torch.cat([logprobs_T[:1], torch.where(starts_T, torch.zeros_like(predicted), predicted)])
     if not with_entropy:
         return logprobs_T

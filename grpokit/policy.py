@@ -69,6 +69,8 @@ class Policy(L.LightningModule):
         optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw",
         noise_scheduler: NoiseScheduler | None = None,
         teacher_model: str | None = None,
+        attention: Literal["auto", "dense", "varlen"] = "auto",
+        logprob_chunk_size: int | None = None,
     ) -> None:
         """
         Args:
@@ -94,6 +96,12 @@ class Policy(L.LightningModule):
             teacher_model: a frozen teacher (alias, HF id or local folder) with the policy's tokenizer;
                 its logprobs of each micro-batch's tokens, at the sampling temperature, reach the loss as
                 teacher_logprobs_T (AIPO's teacher_tau). Loaded once on first use, eval mode, no gradient.
+            attention: how packed sequences are kept apart: "varlen" (per-sequence flash attention from
+                cumulative lengths, grpokit.varlen; no [T, T] mask), "dense" (block-diagonal [T, T] mask),
+                "auto" = varlen on CUDA, dense on CPU.
+            logprob_chunk_size: tokens per chunk when computing log-probabilities from the final hidden
+                states (never a full [tokens, vocab] float32 tensor; grpokit.logprobs.chunked_logprobs);
+                0 = full logits; null = 2048 on CUDA, 0 on CPU.
         """
         super().__init__()
         if loss is None:
@@ -116,6 +124,7 @@ class Policy(L.LightningModule):
                 "with model.teacher_model) or neither"
             )
         self.teacher_model = teacher_model
+        self.attention, self._chunk_size = attention, logprob_chunk_size
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
         self.teacher_lm: torch.nn.Module | None = None  # loaded on first use
@@ -135,7 +144,25 @@ class Policy(L.LightningModule):
             lm = get_peft_model(lm, config)
             if self.gradient_checkpointing:
                 lm.enable_input_require_grads()
-        self.lm = lm.train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
+        self.lm = self._set_attention(lm).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
+
+    def _on_cuda(self) -> bool:
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return device.type == "cuda"
+
+    def _set_attention(self, lm: torch.nn.Module) -> torch.nn.Module:
+        """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.varlen)."""
+        if self.attention == "varlen" or (self.attention == "auto" and self._on_cuda()):
+            from grpokit.varlen import use_varlen
+
+            use_varlen(lm)
+        return lm
+
+    @property
+    def logprob_chunk_size(self) -> int:
+        if self._chunk_size is not None:
+            return self._chunk_size
+        return 2048 if self._on_cuda() else 0
 
     def _load_base(self) -> torch.nn.Module:
         """The base model: as stored, or (QLoRA) 4-bit NF4 on the training device, prepared by peft for k-bit training."""
@@ -223,7 +250,7 @@ class Policy(L.LightningModule):
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""
-        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy)
+        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy, chunk_size=self.logprob_chunk_size)
         logprobs_T, entropy_T = out if self.loss.needs_entropy else (out, None)
         ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
         return LossInputs(
@@ -242,17 +269,17 @@ class Policy(L.LightningModule):
         """Logprobs under the initial policy: the base model with the adapter off, or a frozen copy."""
         if self.lora is not None:
             with self.lm.disable_adapter():
-                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
         if self.ref_lm is None:
-            self.ref_lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False)
-        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+            self.ref_lm = self._set_attention(load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False))
+        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
 
     @torch.no_grad()
     def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
         if self.teacher_lm is None:
-            self.teacher_lm = load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device)
-        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature)
+            self.teacher_lm = self._set_attention(load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device))
+        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
 
     def _count_skipped_step(self) -> None:
         """Advance Lightning's step counter without touching the weights or the optimizer state, so the

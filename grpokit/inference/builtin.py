@@ -1,16 +1,22 @@
 """The builtin engine: the policy's model in this process, sampled with grpokit's torch sampler.
 
-Plain and correct, runs on any device torch runs on. LoRA updates are loaded into a peft wrapper of a
-private copy of the base model, so the engine never shares tensors with the trainer by accident.
+Runs on any device torch runs on. Two paths over the same model: the plain sampler (HF forward with
+a DynamicCache, left-padded batches) and the fast path (grpokit.inference.fast: static KV cache,
+decode steps replayed from CUDA graphs, continuous batching), the default on CUDA. LoRA updates are
+loaded into a peft wrapper of a private copy of the base model (in place, so captured graphs stay
+valid), so the engine never shares tensors with the trainer by accident.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import torch
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference.fast.continuous import generate_continuous
+from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
 from grpokit.inference.sampler import sample
 from grpokit.models import load_causal_lm, load_tokenizer, parse_dtype
 from grpokit.norm_noise import apply_norm_weights
@@ -24,17 +30,36 @@ class BuiltinEngine(InferenceEngine):
 
     applies_norm_weights = True  # QeRL's noisy norms are copied into the base model in place
 
-    def __init__(self, dtype: str = "float32", max_batch_size: int = 64, device: str = "auto") -> None:
+    def __init__(
+        self,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        device: str = "auto",
+        fast: Literal["auto", "on", "off"] = "auto",
+        max_model_len: int = 4096,
+        cuda_graphs: bool = True,
+        compile: bool = True,
+    ) -> None:
         """
         Args:
             dtype: dtype of the engine's weights (float32, bfloat16).
-            max_batch_size: sequences decoded together; larger requests are split.
+            max_batch_size: sequences decoded together (the fast path's KV-cache slots); more
+                requests wait in a queue (fast path) or are split into batches (plain path).
             device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+            fast: the static-cache / continuous-batching path: "auto" = on for CUDA, off for CPU.
+            max_model_len: longest prompt + completion the fast path's cache holds.
+            cuda_graphs: replay decode steps from CUDA graphs on the fast path (CUDA only).
+            compile: fuse the decode step's elementwise work with torch.compile (CUDA only; the first
+                generate call compiles, about a minute, per slot bucket in use).
         """
         self.dtype = parse_dtype(dtype)
         self.max_batch_size = max_batch_size
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.fast = fast == "on" or (fast == "auto" and str(self.device).startswith("cuda"))
+        self.max_model_len = max_model_len
+        self.cuda_graphs, self.compile = cuda_graphs, compile
         self.model = None
+        self.runner = None
         self.weight_step = -1
 
     def setup(self, model: str) -> None:
@@ -52,6 +77,7 @@ class BuiltinEngine(InferenceEngine):
                 known = set(LoraConfig.__dataclass_fields__)
                 config = LoraConfig(**{k: v for k, v in update.lora_config.items() if k in known})
                 self.model = get_peft_model(self.model, config).eval()
+                self.runner = None  # the module structure changed: captured graphs are stale
             result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in update.tensors.items()})
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"adapter of step {update.step} has keys the engine's model lacks: {result.unexpected_keys[:5]}")
@@ -66,6 +92,10 @@ class BuiltinEngine(InferenceEngine):
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         flat = [ids for ids in prompts for _ in range(n)]
+        if self.fast:
+            results = generate_continuous(self._runner(flat, sampling), flat, sampling, self.stop_token_ids, generator, self.tokenizer.decode)
+            completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
+            return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
         results = []
         for start in range(0, len(flat), self.max_batch_size):
             chunk = flat[start : start + self.max_batch_size]
@@ -73,5 +103,16 @@ class BuiltinEngine(InferenceEngine):
         completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    def _runner(self, flat: list[list[int]], sampling: SamplingSettings) -> ModelRunner:
+        """The fast path's runner, (re)built when the cache is too small for this request."""
+        need_len = min(self.max_model_len, -(-(max(len(x) for x in flat) + sampling.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET)
+        need_slots = min(self.max_batch_size, len(flat))
+        r = self.runner
+        if r is None or r.num_slots < need_slots or r.max_len < need_len:
+            self.runner = None  # free the old cache first
+            self.runner = ModelRunner(self.model, need_slots, need_len, self.cuda_graphs, self.compile)
+        return self.runner
+
     def close(self) -> None:
+        self.runner = None
         self.model = None

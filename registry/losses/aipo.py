@@ -20,10 +20,10 @@ ratio_type "sequence" every kept token of sequence i gets the same weight w_t an
 
 The teacher term is on-policy distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
 Models: Learning from Self-Generated Mistakes" (GKD); Thinking Machines 2025, "On-Policy
-Distillation"), as prime-rl adds it to the advantage: logp_teacher_t - logp_train_t is a per-token
-reward, minus the k1 estimate of the reverse KL, so for on-policy tokens (w_t = 1) its expected
-gradient is teacher_tau * grad KL(policy || teacher) (E_p[(logp - logq) grad logp], see grpokit.kl):
-the policy is pulled toward the teacher on the tokens it samples itself. logp_teacher_t comes from
+Distillation"), added to the advantage as prime-rl does: logp_teacher_t - logp_train_t, the negative
+of the per-token k1 estimate of KL(policy || teacher), is a per-token reward, so on tokens the policy
+sampled itself (w_t = 1) the expected gradient of the loss is teacher_tau * grad KL(policy || teacher)
+(E_p[(logp - logq) grad logp], see grpokit.kl): descending it pulls the policy toward the teacher. logp_teacher_t comes from
 `model.teacher_model` (a frozen model sharing the policy's tokenizer, scored at the sampling temperature,
 like the reference); with teacher_tau > 0 and no teacher logprobs in the inputs the loss raises.
 

@@ -1,0 +1,7 @@
+"""`python -m grpokit.bench generate|train ...` (the same as `grpokit bench ...`)."""
+
+import sys
+
+from grpokit.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,84 @@
+"""Models for benchmarks: config shapes with random weights (no hub needed) or a real model by name."""
+
+from __future__ import annotations
+
+import torch
+
+SHAPES = {
+    # Qwen3-0.6B's published config (hidden 1024, 28 layers, 16 q heads / 8 kv heads of 128, vocab 151936)
+    "qwen3-0.6b": dict(
+        arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+    # SmolLM2-135M's config, random weights (the real one: --model smollm2-135m)
+    "smollm2-135m-shape": dict(
+        arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A causal LM in eval mode on `device`: a shape from SHAPES (random init, seed 0) or a model name."""
+    torch.manual_seed(0)
+    if name not in SHAPES:
+        from grpokit.models import load_causal_lm
+
+        return load_causal_lm(name, dtype=dtype).to(device).eval()
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    spec = dict(SHAPES[name])
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("arch")]
+    config = config_cls(**spec, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    with torch.device(device):
+        model = model_cls(config).to(dtype)
+    return model.eval()
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of distinct parameter storage (tied embeddings counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
+def measured_bandwidth(device: str) -> float:
+    """Device memory bandwidth in bytes/s from a 1 GiB device-to-device copy (bytes read + written)."""
+    if not device.startswith("cuda"):
+        n = 1 << 26
+        a = torch.empty(n, dtype=torch.float32)
+        b = torch.empty_like(a)
+        b.copy_(a)
+        import time
+
+        t = time.perf_counter()
+        for _ in range(5):
+            b.copy_(a)
+        return 2 * a.numel() * 4 * 5 / (time.perf_counter() - t)
+    a = torch.empty(1 << 28, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 4 * 10 / (start.elapsed_time(end) / 1e3)

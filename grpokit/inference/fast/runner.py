@@ -1,0 +1,230 @@
+"""ModelRunner: a Llama-family causal LM run against a static KV cache, decode steps in CUDA graphs.
+
+Why not `model.generate`: Hugging Face's loop grows a DynamicCache by concatenation every step and
+launches every kernel from Python, so at batch 256 a 0.6B model spends most of a decode step in the
+CPU, not the GPU (see docs/benchmarks.md). This runner keeps the HF model and its modules (so a peft
+LoRA wrapper, QeRL's noisy norms and full-weight updates all apply unchanged, by in-place copies) and
+replaces only the driver:
+
+- the KV cache is one pre-allocated tensor per K and V, [layers, slots, kv_heads, max_len, head_dim];
+  a sequence owns a slot row, so a finished sequence's slot is refilled without moving the others;
+- prefill runs right-padded prompts through the modules with causal SDPA and writes their keys and
+  values into their slots (right padding keeps real tokens from seeing pads under a causal mask);
+- a decode step feeds one token per slot; attention reads the slot's cache up to a length bucket and
+  masks positions after the token's own. On CUDA each (slot bucket, length bucket) step is captured
+  once in a CUDA graph and replayed, so a step is one launch instead of thousands.
+
+Supported: models whose decoder layers are Llama-shaped (input_layernorm, self_attn with q/k/v/o_proj
+and optional q_norm/k_norm, post_attention_layernorm, mlp) with rotary embeddings and full attention:
+Llama, Mistral (no sliding window), Qwen2, Qwen3, SmolLM2. Others fail at start with a message.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grpokit.inference.fast.kernels import Kernels, qk_norm_rope
+
+SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LENGTH_BUCKET = 128
+# decoder layers of these transformers model types are Llama-shaped with Llama's RMSNorm (weight * x_hat)
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # decode attention reads the cache up to a multiple of this
+
+
+def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The *ForCausalLM inside a peft wrapper (or the model itself)."""
+    if hasattr(model, "peft_config"):
+        return model.get_base_model()
+    return model
+
+
+def check_supported(causal_lm: torch.nn.Module) -> None:
+    """Raise with a clear message when the runner cannot drive this architecture."""
+    config = causal_lm.config
+    name = type(causal_lm).__name__
+    core = getattr(causal_lm, "model", None)
+    layers = getattr(core, "layers", None)
+    problems = []
+    if layers is None or not hasattr(core, "rotary_emb") or not hasattr(core, "embed_tokens"):
+        problems.append("no model.layers / rotary_emb / embed_tokens")
+    else:
+        attn = layers[0].self_attn
+        for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if not hasattr(attn, part):
+                problems.append(f"attention has no {part}")
+        for part in ("input_layernorm", "post_attention_layernorm", "mlp"):
+            if not hasattr(layers[0], part):
+                problems.append(f"decoder layer has no {part}")
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        problems.append(f"model_type {getattr(config, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}")
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
+        problems.append("sliding-window layers")
+    if problems:
+        raise ValueError(
+            f"the fast engine path cannot run {name}: {', '.join(problems)}. "
+            "Set inference.init_args.fast: off to use the plain sampler, or inference: vllm"
+        )
+
+
+class ModelRunner:
+    """Prefill and decode for one model against a static KV cache of `num_slots` x `max_len` tokens."""
+
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, use_cuda_graphs: bool, compile: bool = False) -> None:
+        self.model = model
+        lm = unwrap_causal_lm(model)
+        check_supported(lm)
+        self.lm, self.core = lm, lm.model
+        config = lm.config
+        first = self.core.layers[0].self_attn
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(first, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scaling = getattr(first, "scaling", self.head_dim**-0.5)
+        weight = self.core.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.num_slots, self.max_len = num_slots, max_len
+        shape = (len(self.core.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            positions = torch.arange(max_len, device=self.device)[None]
+            cos, sin = self.core.rotary_emb(weight[:1, None], positions)  # dtype follows the model, as in HF
+        self.cos_SD, self.sin_SD = cos[0], sin[0]
+        self.use_cuda_graphs = use_cuda_graphs and self.device.type == "cuda"
+        self.kernels = Kernels(compile and self.device.type == "cuda")
+        layer = self.core.layers[0]
+        self.norm_eps = getattr(layer.input_layernorm, "variance_epsilon", getattr(config, "rms_norm_eps", 1e-6))
+        mlp = layer.mlp
+        self.gated_silu = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) and getattr(config, "hidden_act", "") in ("silu", "swish")
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graph_pool = None
+        # static inputs/outputs of the decode step (graphs read and write these addresses)
+        self.tokens_B = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.positions_B = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.logits_BV = torch.zeros(num_slots, lm.config.vocab_size, dtype=self.dtype, device=self.device)
+
+    def invalidate_graphs(self) -> None:
+        """Drop captured graphs (call after the module structure changes, e.g. a LoRA wrapper added)."""
+        self.graphs.clear()
+        self.graph_pool = None
+
+    # ----------------------------------------------------------------------------------------- layers
+    def _qkv(self, attn, x: torch.Tensor, shape: tuple[int, ...]):
+        q = attn.q_proj(x).view(*shape, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q, k, v
+
+    def _mlp_residual(self, layer, h: torch.Tensor) -> torch.Tensor:
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Run `prompts` (token ids) into cache rows `slots`; return the last position's logits [N, V]."""
+        n, p = len(prompts), max(len(x) for x in prompts)
+        if p > self.max_len:
+            raise ValueError(f"prompt of {p} tokens exceeds the engine's max_model_len {self.max_len}")
+        ids_NP = torch.zeros((n, p), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            ids_NP[i, : len(ids)] = torch.tensor(ids)
+        ids_NP = ids_NP.to(self.device)
+        slots_N = torch.tensor(slots, device=self.device)
+        last_N = torch.tensor([len(x) - 1 for x in prompts], device=self.device)
+        cos, sin = self.cos_SD[None, :p, None], self.sin_SD[None, :p, None]  # [1, P, 1, D]
+        h = self.core.embed_tokens(ids_NP)
+        for i, layer in enumerate(self.core.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(h), (n, p))  # [N, P, H, D], q/k normed
+            q, k = qk_norm_rope(q, k, cos, sin, None, None, self.norm_eps)
+            self.k_cache[i, slots_N, :, :p] = k.transpose(1, 2)
+            self.v_cache[i, slots_N, :, :p] = v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.scaling,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(n, p, -1))
+            h = self._mlp_residual(layer, h)
+        h_last = h[torch.arange(n, device=self.device), last_N]
+        return self.lm.lm_head(self.core.norm(h_last))
+
+    def _decode_step(self, b: int, s: int) -> None:
+        """One token per slot in slots[:b]; attention over cache positions [0, s); writes logits_BV[:b].
+
+        The elementwise work goes through self.kernels (fused by torch.compile on CUDA); the matrix
+        products through the model's own modules.
+        """
+        kn, eps = self.kernels, self.norm_eps
+        tokens_B, positions_B = self.tokens_B[:b], self.positions_B[:b]
+        rows_B = torch.arange(b, device=self.device)
+        cos, sin = self.cos_SD[positions_B][:, None], self.sin_SD[positions_B][:, None]  # [B, 1, D]
+        visible_BS = torch.arange(s, device=self.device)[None] <= positions_B[:, None]
+        h = self.core.embed_tokens(tokens_B)
+        layers = self.core.layers
+        x = kn.rms_norm(h, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            q = attn.q_proj(x).view(b, self.num_heads, self.head_dim)
+            k = attn.k_proj(x).view(b, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(b, self.num_kv_heads, self.head_dim)
+            qn = (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else (None, None)
+            q, k = kn.qk_norm_rope(q, k, cos, sin, qn[0], qn[1], eps)
+            self.k_cache[i, rows_B, :, positions_B] = k
+            self.v_cache[i, rows_B, :, positions_B] = v
+            out = kn.decode_attention(q, self.k_cache[i, :b, :, :s], self.v_cache[i, :b, :, :s], visible_BS, self.scaling)
+            h, x = kn.add_rms_norm(h, attn.o_proj(out), layer.post_attention_layernorm.weight, eps)
+            mlp = layer.mlp
+            delta = mlp.down_proj(kn.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))) if self.gated_silu else mlp(x)
+            next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.core.norm.weight
+            h, x = kn.add_rms_norm(h, delta, next_norm, eps)
+        self.logits_BV[:b].copy_(self.lm.lm_head(x))
+
+    def bucket(self, width: int, max_position: int) -> tuple[int, int]:
+        """(slot bucket, length bucket) of a decode step over slots [0, width) up to `max_position`."""
+        b = min(next((x for x in SLOT_BUCKETS if x >= width), self.num_slots), self.num_slots)
+        s = min(self.max_len, -(-(max_position + 1) // LENGTH_BUCKET) * LENGTH_BUCKET)
+        return b, s
+
+    @torch.no_grad()
+    def step(self, b: int, s: int) -> torch.Tensor:
+        """Decode tokens_B[:b] at positions_B[:b] (device buffers the caller fills); return logits [b, V]."""
+        if not self.use_cuda_graphs:
+            self._decode_step(b, s)
+        else:
+            graph = self.graphs.get((b, s))
+            if graph is None:
+                graph = self._capture(b, s)
+            graph.replay()
+        return self.logits_BV[:b]
+
+    @torch.no_grad()
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Feed tokens[i] at positions[i] into slot i for every i < len(tokens); return logits [len, V].
+
+        Rows past len(tokens) up to the slot bucket run at position 0 of their own slot (results ignored).
+        """
+        n = len(tokens)
+        b, s = self.bucket(n, max(positions))
+        host = torch.zeros((2, b), dtype=torch.long)
+        host[0, :n], host[1, :n] = torch.tensor(tokens), torch.tensor(positions)
+        self.tokens_B[:b].copy_(host[0])
+        self.positions_B[:b].copy_(host[1])
+        return self.step(b, s)[:n]
+
+    def _capture(self, b: int, s: int) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up allocator and lazy inits outside the capture
+                self._decode_step(b, s)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            self._decode_step(b, s)
+        if self.graph_pool is None:
+            self.graph_pool = graph.pool()
+        self.graphs[(b, s)] = graph
+        return graph
