@@ -23,9 +23,10 @@ Models: Learning from Self-Generated Mistakes" (GKD); Thinking Machines 2025, "O
 Distillation"), added to the advantage as prime-rl does: logp_teacher_t - logp_train_t, the negative
 of the per-token k1 estimate of KL(policy || teacher), is a per-token reward, so on tokens the policy
 sampled itself (w_t = 1) the expected gradient of the loss is teacher_tau * grad KL(policy || teacher)
-(E_p[(logp - logq) grad logp], see grpokit.kl): descending it pulls the policy toward the teacher. logp_teacher_t comes from
-`model.teacher_model` (a frozen model sharing the policy's tokenizer, scored at the sampling temperature,
-like the reference); with teacher_tau > 0 and no teacher logprobs in the inputs the loss raises.
+(E_p[(logp - logq) grad logp], see grpokit.kl): descending it pulls the policy toward the teacher.
+logp_teacher_t comes from `model.teacher_model` (a frozen model sharing the policy's tokenizer, scored at
+the sampling temperature, like the reference); with teacher_tau > 0 and no teacher logprobs in the
+inputs the loss raises.
 
 The normaliser is the number of loss tokens in the whole optimizer step (token-level, as DAPO).
 Departures from a plain PPO surrogate: masking instead of clipping (masked tokens give no gradient at
