@@ -40,7 +40,7 @@ class SweepRunner:
     def __init__(self, spec: SweepSpec, recipe_argv: list[str], sweep_dir: Path, launcher: Launcher, max_parallel: int) -> None:
         self.spec, self.recipe_argv, self.launcher, self.max_parallel = spec, list(recipe_argv), launcher, max_parallel
         self.sweep_dir = sweep_dir.resolve()
-        self.rollouts = Path(spec.rollouts).resolve() if spec.rollouts else None
+        self.rollouts = spec.find(spec.rollouts, "rollouts") if spec.rollouts else None
 
     def prepare(self) -> SweepState:
         """sweep.json (new, or the interrupted sweep's) and every run's overrides.yaml and resolved.yaml."""
@@ -67,7 +67,7 @@ class SweepRunner:
         return {**nest(overrides), "output_dir": str(self.sweep_dir), "run_name": run.id}
 
     def recipe_argv_of(self, run: RunSpec) -> list[str]:
-        overlays = [arg for path in run.overlays for arg in ("--config", str(checked_overlay(path, run)))]
+        overlays = [arg for path in run.overlays for arg in ("--config", str(self.spec.find(path, f"run {run.id}: config")))]
         return [*self.recipe_argv, *overlays, "--config", str(self.run_dir(run) / "overrides.yaml")]
 
     def check_replayable(self, run: RunSpec, config: dict, recorded_steps: int) -> None:
@@ -114,9 +114,3 @@ class SweepRunner:
             log.error("sweep: %d run(s) failed: %s; fix and run the same command again to retry them", len(failed), ", ".join(failed))
         return 1 if failed else 0
 
-
-def checked_overlay(path: str, run: RunSpec) -> Path:
-    overlay = Path(path)
-    if not overlay.is_file():
-        raise SweepError(f"run {run.id}: config overlay {path} does not exist (paths are relative to the working directory)")
-    return overlay.resolve()

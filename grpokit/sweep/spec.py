@@ -13,8 +13,10 @@ launcher: local              # or {name: submitit, timeout_min: 60, slurm_partit
 rollouts: path/to/recorded   # optional: every run trains on these recorded batches (frozen rollouts)
 ```
 The key `config` takes recipe overlay files (a path, a list of paths, or null for none), added as
-`--config` after the recipe: the shipped recipes/ablations/*.yaml restate every init_arg of a changed
-class_path, which a bare `model.loss: ClippedPG` leaves at the class defaults.
+`--config` after the recipe; relative paths (here and in `rollouts`) are looked up in the working
+directory, then beside the sweep file. Overlays are the way to swap a class with tuned settings: the
+shipped recipes/ablations/*.yaml restate every init_arg, a bare `model.loss: ClippedPG` takes the
+class defaults.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class SweepSpec:
     max_parallel: int = 1
     launcher: dict[str, Any] = field(default_factory=lambda: {"name": "local"})
     rollouts: str | None = None
+    folder: Path = Path(".")  # the sweep file's folder: relative paths are looked up here when not found in the working directory
+
+    def find(self, path: str, key: str) -> Path:
+        """A file or folder the sweep names (an overlay, the rollouts): from the working directory, else the sweep file's folder."""
+        for candidate in (Path(path), self.folder / path):
+            if candidate.exists():
+                return candidate.resolve()
+        raise SweepError(f"{key}: {path} exists neither in the working directory nor beside the sweep file ({self.folder})")
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -88,7 +98,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     return SweepSpec(
         name=str(raw.get("name") or path.stem), runs=[make_run(i, c) for i, c in enumerate(combos)],
         output_dir=str(raw.get("output_dir", "outputs")), max_parallel=max_parallel, launcher=launcher,
-        rollouts=None if raw.get("rollouts") is None else str(raw["rollouts"]),
+        rollouts=None if raw.get("rollouts") is None else str(raw["rollouts"]), folder=path.parent,
     )
 
 
@@ -119,7 +129,7 @@ def make_run(index: int, settings: dict[str, Any]) -> RunSpec:
     overlays = () if overlays is None else (overlays,) if isinstance(overlays, str) else tuple(overlays)
     overrides = {k: v for k, v in settings.items() if k != OVERLAY_KEY}
     labels = [f"{label_key(k, overrides)}={label_value(v)}" for k, v in overrides.items()]
-    labels = [*(Path(o).stem for o in overlays), *labels]
+    labels = [*(Path(o).stem for o in overlays), *(["base"] if OVERLAY_KEY in settings and not overlays else []), *labels]
     slug = re.sub(r"[^A-Za-z0-9._=+-]+", "_", "-".join(labels))[:80] or "base"
     return RunSpec(id=f"{index:02d}-{slug}", overrides=overrides, overlays=overlays)
 
