@@ -1,4 +1,4 @@
-"""Frozen-rollout ablation: record a tiny-model run's batches, then a sweep trains two losses on them.
+"""Frozen-rollout ablation: record a tiny-model run's batches, then train two losses on them.
 
 Both variants must receive byte-identical batches (the sha256 of every batch each one trained on equals
 the recording's), sample nothing, and still train differently (their losses differ).
@@ -13,6 +13,7 @@ import yaml
 
 from grpokit.cli import main
 from grpokit.sweep.launchers import LocalLauncher
+from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.runner import SweepRunner
 from grpokit.sweep.spec import SweepError, load_sweep
 from grpokit.testing import tiny_fit_argv
@@ -34,17 +35,15 @@ def rows(path: Path) -> list[dict]:
 
 def test_two_losses_train_on_byte_identical_recorded_batches(tmp_path, tiny_model):
     recorded = tmp_path / "recorded"
-    args = recipe_args(tmp_path, tiny_model)
-    assert main(["rollouts", "record", str(recorded), *args, "--output_dir", str(tmp_path), "--run_name", "recording"]) == 0
+    args = [*recipe_args(tmp_path, tiny_model), "--output_dir", str(tmp_path)]
+    assert main(["rollouts", "record", str(recorded), *args, "--run_name", "recording"]) == 0
     manifest = json.loads((recorded / "manifest.json").read_text())
     assert sorted(manifest["sha256"], key=int) == [str(s) for s in range(STEPS)]
 
-    sweep = tmp_path / "frozen.yaml"
-    sweep.write_text(yaml.safe_dump({"rollouts": str(recorded), "max_parallel": 2, "runs": [{"config": None}, {"config": str(REPO / "recipes" / "ablations" / "clipped_pg.yaml")}]}))
-    sweep_dir = tmp_path / "sweep"
-    assert main(["sweep", *args, "--sweep", str(sweep), "--sweep_dir", str(sweep_dir)]) == 0
+    assert main(["rollouts", "replay", str(recorded), *args, "--run_name", "aipo"]) == 0
+    assert main(["rollouts", "replay", str(recorded), *args, "--config", str(REPO / "recipes" / "ablations" / "clipped_pg.yaml"), "--run_name", "clipped"]) == 0
 
-    aipo, clipped = sweep_dir / "00-base", sweep_dir / "01-clipped_pg"
+    aipo, clipped = tmp_path / "aipo", tmp_path / "clipped"
     expected = [{"step": s, "sha256": manifest["sha256"][str(s)]} for s in range(STEPS)]
     for run in (aipo, clipped):
         assert [json.loads(line) for line in open(run / "replayed.jsonl")] == expected  # identical bytes, every step
@@ -55,13 +54,27 @@ def test_two_losses_train_on_byte_identical_recorded_batches(tmp_path, tiny_mode
     assert "masked_frac" in a[0] and "clip_high_frac" in c[0]
 
 
+def test_a_frozen_rollout_sweep_trains_with_the_replay_transport(tmp_path, tiny_model):
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    (recorded / "manifest.json").write_text(json.dumps({"format": "grpokit.RecordedRollouts", "version": 1, "sha256": {"0": "x", "1": "y", "2": "z"}}))
+    args = recipe_args(tmp_path, tiny_model)
+    (recorded / "config.yaml").write_text(resolve_config(args, "recording"))
+    sweep = tmp_path / "frozen.yaml"
+    sweep.write_text(yaml.safe_dump({"rollouts": str(recorded), "axes": {"config": [None, str(REPO / "recipes" / "ablations" / "clipped_pg.yaml")]}}))
+    runner = SweepRunner(load_sweep(sweep), args, tmp_path / "sweep", LocalLauncher(), 1)
+    runner.prepare()
+    for run in runner.spec.runs:
+        assert runner.command(run)[0][-4:] == ["grpokit.cli", "train", "--config", str(runner.run_dir(run) / "resolved.yaml")]
+        transport = yaml.safe_load((runner.run_dir(run) / "resolved.yaml").read_text())["data"]["transport"]
+        assert transport == {"class_path": "grpokit.transport.recorded.RecordedRollouts", "init_args": {"path": str(recorded)}}
+
+
 def test_a_frozen_rollout_sweep_refuses_data_changes_and_extra_steps(tmp_path, tiny_model):
     recorded = tmp_path / "recorded"
     recorded.mkdir()
     (recorded / "manifest.json").write_text(json.dumps({"format": "grpokit.RecordedRollouts", "version": 1, "sha256": {"0": "x", "1": "y", "2": "z"}}))
     args = recipe_args(tmp_path, tiny_model)
-    from grpokit.sweep.resolve import resolve_config
-
     (recorded / "config.yaml").write_text(resolve_config(args, "recording"))
     for axes, message in (({"data.advantage": ["GroupNorm", "LeaveOneOut"]}, r"01-advantage=LeaveOneOut: .* changes data.advantage: recorded"), ({"trainer.max_steps": [4]}, r"set trainer.max_steps <= 3")):
         sweep = tmp_path / "bad.yaml"

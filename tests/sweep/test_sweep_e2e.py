@@ -13,11 +13,11 @@ import yaml
 from grpokit.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 3
+STEPS = 2
 
 
 def tiny_overlay(tmp_path, tiny_model) -> Path:
-    """The shipped recipe shrunk to the tiny model: 2 prompts x 4 rollouts, 3 steps, a checkpoint every step."""
+    """The shipped recipe shrunk to the tiny model: 2 prompts x 4 rollouts, 2 steps, a checkpoint every step."""
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({
         "model": {"model": tiny_model, "lora": {"rank": 4}},
