@@ -148,6 +148,10 @@ def components_markdown(found: list) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from grpokit.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     discover()
     if argv[:1] == ["registry"]:
         return registry_main(argv[1:])

@@ -35,17 +35,30 @@ def _chunk_logprobs(lm_head, hidden_CH, targets_C, temperature: float, with_entr
     return picked_C, lse_C - (torch.softmax(logits_CV, -1) * logits_CV).sum(-1)
 
 
-def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_T: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool = False):
+_COMPILED = None
+
+
+def _compiled_chunk_logprobs():
+    """_chunk_logprobs under torch.compile: the float cast, scaling, logsumexp and gather fused."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(_chunk_logprobs, dynamic=True)
+    return _COMPILED
+
+
+def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_T: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool = False, compile: bool = False):
     """log softmax(lm_head(hidden_t) / temperature)[target_t] per row, `chunk_size` rows at a time.
 
     Each chunk runs under activation checkpointing, so neither the forward nor the backward ever holds
     more than one [chunk_size, vocab] float32 logits tensor (the full one is tokens x vocab x 4 bytes:
     5 GB for 8,192 tokens of a 152k vocabulary). Backward recomputes each chunk's logits once.
+    `compile` (CUDA only) fuses the per-chunk elementwise passes over [chunk, vocab] with torch.compile.
     """
     from torch.utils.checkpoint import checkpoint
 
+    fn = _compiled_chunk_logprobs() if hidden_TH.is_cuda and compile else _chunk_logprobs
     parts = [
-        checkpoint(_chunk_logprobs, lm_head, hidden_TH[i : i + chunk_size], targets_T[i : i + chunk_size], temperature, with_entropy, use_reentrant=False)
+        checkpoint(fn, lm_head, hidden_TH[i : i + chunk_size], targets_T[i : i + chunk_size], temperature, with_entropy, use_reentrant=False)
         for i in range(0, hidden_TH.shape[0], chunk_size)
     ]
     if not with_entropy:
@@ -71,6 +84,7 @@ def packed_token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int = 0,
+    compile: bool = False,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
@@ -82,7 +96,7 @@ def packed_token_logprobs(
     separated by cumulative lengths; otherwise by a dense [T, T] block-diagonal mask.
     Memory: `chunk_size` > 0 computes logits from the final hidden states `chunk_size` tokens at a time
     (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
-    more such tensor for the entropy), kept for backward.
+    more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     """
     from grpokit.varlen import NAME as VARLEN
 
@@ -99,14 +113,14 @@ def packed_token_logprobs(
     logprobs_T = torch.zeros(input_ids_T.shape, dtype=torch.float32, device=input_ids_T.device)
     starts_T = position_ids_T[1:] == 0
     if chunk_size > 0 and _supports_chunking(lm):
-        hidden_TH = lm.model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], **kwargs).last_hidden_state[0]
-        out = chunked_logprobs(lm.get_output_embeddings(), hidden_TH[:-1], input_ids_T[1:], temperature, chunk_size, with_entropy)
+        hidden_TH = lm.model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).last_hidden_state[0]
+        out = chunked_logprobs(lm.get_output_embeddings(), hidden_TH[:-1], input_ids_T[1:], temperature, chunk_size, with_entropy, compile)
         predicted, entropy = out if with_entropy else (out, None)
         logprobs_T = torch.cat([logprobs_T[:1], torch.where(starts_T, torch.zeros_like(predicted), predicted)])
         if not with_entropy:
             return logprobs_T
         return logprobs_T, torch.cat([entropy.new_zeros(1), torch.where(starts_T, torch.zeros_like(entropy), entropy)])
-    logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], **kwargs).logits[0]
+    logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).logits[0]
     # token t is predicted by the logits at t-1; at a sequence start (position 0) there is no prediction.
     scaled_TV = logits_TV[:-1] / temperature
     predicted = selective_logprobs(scaled_TV, input_ids_T[1:])

@@ -21,7 +21,7 @@ from grpokit.logprobs import packed_token_logprobs
 from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
 from grpokit.metrics import mismatch_metrics, weighted_mean
-from grpokit.models import load_causal_lm, parse_dtype
+from grpokit.models import compile_decoder_layers, load_causal_lm, parse_dtype
 from grpokit.noise import NoiseScheduler
 from grpokit.norm_noise import noisy_norms, norm_weights
 from grpokit.quantization import build_optimizer, check_nf4, check_optimizer, check_policy_settings
@@ -71,6 +71,7 @@ class Policy(L.LightningModule):
         teacher_model: str | None = None,
         attention: Literal["auto", "dense", "varlen"] = "auto",
         logprob_chunk_size: int | None = None,
+        compile: bool = False,
     ) -> None:
         """
         Args:
@@ -102,6 +103,8 @@ class Policy(L.LightningModule):
             logprob_chunk_size: tokens per chunk when computing log-probabilities from the final hidden
                 states (never a full [tokens, vocab] float32 tensor; grpokit.logprobs.chunked_logprobs);
                 0 = full logits; null = 2048 on CUDA, 0 on CPU.
+            compile: torch.compile each decoder layer (grpokit.models.compile_decoder_layers); the first
+                step compiles. Measured on GPU in docs/benchmarks.md.
         """
         super().__init__()
         if loss is None:
@@ -124,7 +127,7 @@ class Policy(L.LightningModule):
                 "with model.teacher_model) or neither"
             )
         self.teacher_model = teacher_model
-        self.attention, self._chunk_size = attention, logprob_chunk_size
+        self.attention, self._chunk_size, self.compile_layers = attention, logprob_chunk_size, compile
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
         self.teacher_lm: torch.nn.Module | None = None  # loaded on first use
@@ -145,6 +148,8 @@ class Policy(L.LightningModule):
             if self.gradient_checkpointing:
                 lm.enable_input_require_grads()
         self.lm = self._set_attention(lm).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
+        if self.compile_layers:
+            compile_decoder_layers(self.lm)
 
     def _on_cuda(self) -> bool:
         device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -250,7 +255,7 @@ class Policy(L.LightningModule):
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""
-        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy, chunk_size=self.logprob_chunk_size)
+        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
         logprobs_T, entropy_T = out if self.loss.needs_entropy else (out, None)
         ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
         return LossInputs(
@@ -269,17 +274,17 @@ class Policy(L.LightningModule):
         """Logprobs under the initial policy: the base model with the adapter off, or a frozen copy."""
         if self.lora is not None:
             with self.lm.disable_adapter():
-                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
+                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
         if self.ref_lm is None:
             self.ref_lm = self._set_attention(load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False))
-        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
+        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
 
     @torch.no_grad()
     def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
         if self.teacher_lm is None:
             self.teacher_lm = self._set_attention(load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device))
-        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size)
+        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
 
     def _count_skipped_step(self) -> None:
         """Advance Lightning's step counter without touching the weights or the optimizer state, so the

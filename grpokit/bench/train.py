@@ -6,7 +6,9 @@ Both paths train the same LoRA adapter (rank `lora_rank` on q/k/v/o) on the same
   apart by a dense block-diagonal [T, T] mask (grpokit's CPU default), no activation checkpointing;
 - grpokit: what `grpokit fit` runs on CUDA: varlen attention (grpokit.varlen), log-probabilities in
   chunks of `chunk_size` tokens (grpokit.logprobs.chunked_logprobs), activation checkpointing, fused
-  AdamW on CUDA.
+  AdamW on CUDA;
+- grpokit_compile: the same with `model.compile: true` (each decoder layer torch.compiled);
+- grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute).
 Reported: tokens/s and ms per step (mean of `steps` after one warm-up), peak memory, the ratios, and
 the largest difference between the two paths' log-probabilities on the first step.
 """
@@ -30,7 +32,7 @@ def packed_batch(tokens: int, seq_len: int, vocab: int, device: str):
     return ids_T, pos_T, torch.tensor(lens, device=device), adv_T
 
 
-def lora_model(name: str, dtype: torch.dtype, device: str, rank: int, checkpointing: bool, varlen: bool):
+def lora_model(name: str, dtype: torch.dtype, device: str, rank: int, checkpointing: bool, varlen: bool, compile: bool = False):
     from peft import LoraConfig, get_peft_model
 
     lm = build_model(name, dtype, device)
@@ -43,6 +45,10 @@ def lora_model(name: str, dtype: torch.dtype, device: str, rank: int, checkpoint
         from grpokit.varlen import use_varlen
 
         use_varlen(lm)
+    if compile:
+        from grpokit.models import compile_decoder_layers
+
+        compile_decoder_layers(lm)
     return lm.train()
 
 
@@ -55,23 +61,32 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
     return torch.cat([picked.new_zeros(1), torch.where(pos_T[1:] == 0, torch.zeros_like(picked), picked)])
 
 
-def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16, baseline: bool = True) -> dict:
+VARIANTS = {  # name: (fast path, activation checkpointing, compile)
+    "grpokit": (True, True, False),
+    "grpokit_compile": (True, True, True),
+    "grpokit_compile_no_ckpt": (True, False, True),
+    "naive": (False, False, False),
+}
+
+
+def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16, baseline: bool = True, variants: list[str] | None = None) -> dict:
     import transformers
 
     out = {"bench": "train", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
            "tokens": tokens, "seq_len": seq_len, "lora_rank": lora_rank, "chunk_size": chunk_size,
            "torch": torch.__version__, "transformers": transformers.__version__}
     first_logprobs = {}
-    paths = [("grpokit", True)] + ([("naive", False)] if baseline else [])
-    for name, fast in paths:
+    names = variants or (["grpokit"] + (["naive"] if baseline else []))
+    for name in names:
+        fast, ckpt, compile = VARIANTS[name]
         reset_peak(device)
-        lm = lora_model(model_name, dtype, device, lora_rank, checkpointing=fast, varlen=fast)
+        lm = lora_model(model_name, dtype, device, lora_rank, checkpointing=ckpt, varlen=fast, compile=compile)
         ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device)
         params = [p for p in lm.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5, fused=device.startswith("cuda") and fast)
 
         def step():
-            lp_T = packed_token_logprobs(lm, ids_T, pos_T, lens_N, chunk_size=chunk_size) if fast else naive_logprobs(lm, ids_T, pos_T, lens_N)
+            lp_T = packed_token_logprobs(lm, ids_T, pos_T, lens_N, chunk_size=chunk_size, compile=compile) if fast else naive_logprobs(lm, ids_T, pos_T, lens_N)
             (-(lp_T * adv_T).sum() / tokens).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -81,7 +96,11 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
         seconds, _ = timed(step, device, repeats=steps)
         out[name] = {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds, "peak_gib": peak_gib(device)}
         del lm, opt, params
-    if baseline:
+    for name in names:
+        if name != "naive" and "naive" in out:
+            out[name]["speedup_vs_naive"] = out[name]["tokens_per_s"] / out["naive"]["tokens_per_s"]
+            out[name]["memory_fraction_of_naive"] = out[name]["peak_gib"] / out["naive"]["peak_gib"]
+    if "naive" in out and "grpokit" in out:
         out["speedup_vs_naive"] = out["grpokit"]["tokens_per_s"] / out["naive"]["tokens_per_s"]
         out["memory_fraction_of_naive"] = out["grpokit"]["peak_gib"] / out["naive"]["peak_gib"]
         out["max_abs_logprob_diff_first_step"] = (first_logprobs["grpokit"] - first_logprobs["naive"]).abs().max().item()

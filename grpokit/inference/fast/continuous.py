@@ -72,16 +72,18 @@ def generate_continuous(
     slot_request = [-1] * num_slots
     slot_count = [0] * num_slots  # host mirror of count_B (every busy slot gains one token per step)
     results: list[tuple[list[int], list[float], bool] | None] = [None] * len(prompts)
+    pick = runner.kernels.gumbel_pick if runner.kernels.compiled else None
 
     def sample_into(rows_N: torch.Tensor, logits_NV: torch.Tensor, live_N: torch.Tensor) -> torch.Tensor:
         """Sample for `rows_N`, record tokens where live_N, advance counts; return the sampled tokens."""
-        logits_NV = logits_NV.float()
         count_N = st.count_B[rows_N]
+        if sampling.min_tokens or st.seen_BV is not None or pick is None:
+            logits_NV = logits_NV.float()
         if sampling.min_tokens:
             logits_NV = apply_min_tokens(logits_NV, count_N, sampling.min_tokens, st.stop_ids_S)
         if st.seen_BV is not None:
             logits_NV = apply_repetition_penalty(logits_NV, st.seen_BV[rows_N], sampling.repetition_penalty)
-        token_N, logprob_N = sample_tokens(logits_NV, temperature, sampling.top_p, generator)
+        token_N, logprob_N = sample_tokens(logits_NV, temperature, sampling.top_p, generator, pick)
         column_N = torch.where(live_N, count_N.clamp(max=st.width - 2), st.width - 1)
         st.tokens_BN[rows_N, column_N] = token_N
         st.logprobs_BN[rows_N, column_N] = logprob_N

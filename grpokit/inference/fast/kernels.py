@@ -56,6 +56,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gumbel_pick(logits_BV: torch.Tensor, exp_noise_BV: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-max draw from softmax(logits / T) given E ~ Exp(1) noise: (token_B, logprob_B).
+
+    argmax(l / T - log E) is a sample of softmax(l / T); its logprob is l_tok / T - logsumexp(l / T).
+    The noise is drawn outside (by the caller's torch.Generator, which compiled code cannot take).
+    """
+    scaled = logits_BV.float() / temperature
+    lse = torch.logsumexp(scaled, dim=-1)
+    token = (scaled - torch.log(exp_noise_BV)).argmax(dim=-1)
+    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - lse
+
+
 class Kernels:
     """The functions above, compiled with Inductor (CUDA) or as they are."""
 
@@ -73,3 +85,4 @@ class Kernels:
         self.qk_norm_rope = wrap(qk_norm_rope)
         self.decode_attention = wrap(decode_attention)
         self.silu_mul = wrap(silu_mul)
+        self.gumbel_pick = wrap(gumbel_pick)
