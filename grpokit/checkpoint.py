@@ -2,18 +2,27 @@
 
 A checkpoint is Lightning's (weights, optimizer, LR scheduler, loop progress), reduced to the trainable
 weights (the LoRA adapter, or everything for full fine-tuning) by Policy.on_save_checkpoint. It is
-written to a temp file and renamed, so a crash never leaves a truncated `step_N.ckpt`. The orchestrator
-needs no state of its own: the prompt position and the sampling seed of step n are functions of n.
+written to a temp file and renamed, so a crash never leaves a truncated `step_N.ckpt`. The prompt
+position and the sampling seed of step n are functions of n; the orchestrator's only state, the easy
+and hard pools, is a log with the generation of every entry (`buffer.jsonl`, orchestrator/pools.py),
+so it gives the state at any checkpoint's step.
+
+`skip_progress` loads only the trainable weights and restarts the count at step 0 (prompt order,
+optimizer, LR schedule: all fresh); the files of the earlier count move to `archive/progress_<time>/`
+so the new steps never meet stale batches or weights. `skip_buffer` restores no pools.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import torch
 
 CKPT = re.compile(r"^step_(\d+)\.ckpt$")
 
@@ -28,16 +37,26 @@ class CheckpointSettings:
         keep_interval: also keep every checkpoint whose step is a multiple of this (0: none).
         resume_step: null starts fresh; -1 resumes from the newest checkpoint of the run (`run_name`
             must name the earlier run); N resumes from step N.
+        skip_progress: load only the checkpoint's trainable weights and count from step 0 again: the
+            prompt order, optimizer state and LR schedule restart; the earlier count's files (batches,
+            broadcasts, checkpoints, metrics, samples) move to `archive/progress_<time>/`.
+        skip_buffer: do not restore the orchestrator's easy/hard pools (data.buffer): every example is
+            sampled again.
     """
 
     interval: int = 10
     keep_last: int = 2
     keep_interval: int = 0
     resume_step: int | None = None
+    skip_progress: bool = False
+    skip_buffer: bool = False
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.keep_last < 1 or self.keep_interval < 0:
             raise ValueError(f"ckpt: interval >= 0, keep_last >= 1 and keep_interval >= 0 are required, got {self}")
+        for name in ("skip_progress", "skip_buffer"):
+            if getattr(self, name) and self.resume_step is None:
+                raise ValueError(f"ckpt.{name} applies when resuming: set ckpt.resume_step (-1 for the newest checkpoint) too")
 
 
 def checkpoint_steps(folder: Path) -> list[int]:
@@ -55,6 +74,42 @@ def resume_path(folder: Path, resume_step: int) -> tuple[Path, int]:
     if step not in steps:
         raise FileNotFoundError(f"ckpt.resume_step={resume_step}: no checkpoint of step {step} in {folder} (have {steps})")
     return folder / f"step_{step}.ckpt", step
+
+
+def archive_progress(run_dir: Path) -> Path:
+    """Move everything in the run folder to `archive/progress_<time>/`, except earlier archives.
+
+    `buffer.jsonl` (the easy/hard pools) is copied, not moved: the restarted count restores it.
+    Returns the archive folder.
+    """
+    run_dir = Path(run_dir)
+    dest = run_dir / "archive" / time.strftime("progress_%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=False)
+    for item in sorted(run_dir.iterdir()):
+        if item.name == "archive":
+            continue
+        if item.name == "buffer.jsonl":
+            shutil.copy2(item, dest / item.name)
+        else:
+            os.replace(item, dest / item.name)
+    return dest
+
+
+class LoadWeights(L.Callback):
+    """Loads a checkpoint's trainable weights into the policy when fit starts (ckpt.skip_progress).
+
+    Runs at on_fit_start, after configure_model built the model and before the step-0 weights are
+    published, so the engine samples step 0 with these weights.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        state = torch.load(self.path, map_location="cpu", weights_only=False)["state_dict"]
+        result = pl_module.load_state_dict(state, strict=False)
+        if result.unexpected_keys or not state:
+            raise ValueError(f"ckpt.skip_progress: {self.path} holds weights the model lacks ({result.unexpected_keys[:3]}): was it written with another model or LoRA setup?")
 
 
 class Checkpointer(L.Callback):

@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import WeightSync
-from grpokit.checkpoint import Checkpointer, CheckpointSettings, resume_path
+from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, resume_path
 from grpokit.components import clashes, components, discover
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
@@ -74,17 +74,25 @@ class GrpoCLI(LightningCLI):
         self.run_dir = Path(config.output_dir) / run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config.trainer.default_root_dir = str(self.run_dir)
-        self.start_step = 0
-        if config.ckpt.resume_step is not None:
-            path, self.start_step = resume_path(self.run_dir / "checkpoints", config.ckpt.resume_step)
-            if self.subcommand:
+        self.start_step, self.restart_from = 0, None
+        self.restore_buffer = not config.ckpt.skip_buffer
+        resuming = config.ckpt.resume_step is not None and not config.ckpt.skip_progress
+        if config.ckpt.resume_step is not None and (resuming or self.subcommand):
+            path, step = resume_path(self.run_dir / "checkpoints", config.ckpt.resume_step)
+            if resuming:
+                self.start_step = step
+            if self.subcommand and resuming:  # the trainer's process loads the checkpoint
                 config.ckpt_path = str(path)
-        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if config.ckpt.resume_step is not None else None)
+            elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
+                self.restart_from = (path, step)
+        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if resuming else None)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
 
     def before_fit(self) -> None:
         config = self.config_init[self.subcommand]
+        if self.restart_from is not None:
+            self._restart_count(*self.restart_from)
         if self.role == "train":  # batches come from `grpokit orchestrate`; weights go out through the broadcast
             config["broadcast"].setup(self.run_dir)
             self.datamodule.connect_trainer(self.run_dir, self.trainer.max_steps, self.start_step)
@@ -96,10 +104,22 @@ class GrpoCLI(LightningCLI):
         broadcast: WeightBroadcast = config["broadcast"]
         broadcast.setup(self.run_dir)
         engine.setup(self.model.model_name)
-        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step)
+        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer)
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
         self.datamodule.start()
+
+    def _restart_count(self, path: Path, step: int) -> None:
+        """ckpt.skip_progress: archive the earlier count's files, keep its easy/hard pools (unless
+        ckpt.skip_buffer), and load the checkpoint's weights when fit starts."""
+        from grpokit.orchestrator.pools import restart_log
+
+        archive = archive_progress(self.run_dir)
+        data = self.datamodule
+        if data.buffer.uses_pools:
+            restart_log(self.run_dir / "buffer.jsonl", data.shape.locate(step)[0] if self.restore_buffer else None)
+        self.trainer.callbacks.append(LoadWeights(archive / path.relative_to(self.run_dir)))
+        print(f"ckpt.skip_progress: counting from step 0 with the weights of {path.name}; the earlier files are in {archive}", file=sys.stderr)
 
     def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]

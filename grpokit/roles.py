@@ -74,7 +74,7 @@ def orchestrate(cli) -> int:
     data = cli.datamodule
     published = broadcast.poll(-1)  # the trainer's progress: it has published the weights of its current step
     start = max(cli.start_step, published.step if published else 0)
-    data.connect(engine, broadcast, load_tokenizer(cli.model.model_name), cli.run_dir, cli.trainer.max_steps, start)
+    data.connect(engine, broadcast, load_tokenizer(cli.model.model_name), cli.run_dir, cli.trainer.max_steps, start, cli.restore_buffer)
     data.start_step = first_unsent_step(data, start)
     data.run()
     data.transport.close()

@@ -131,12 +131,12 @@ class Orchestrator(L.LightningDataModule):
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def connect(
-        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, buffer_step: int | None = None
+        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, restore_buffer: bool = True
     ) -> None:
         """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side).
 
-        The easy/hard pools are restored as they were when the batch of `buffer_step` (default
-        start_step; 0 restores nothing) was sampled.
+        The easy/hard pools are restored as they were when the batch of start_step was sampled, or
+        start empty with restore_buffer=False (ckpt.skip_buffer).
         """
         self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
@@ -148,7 +148,7 @@ class Orchestrator(L.LightningDataModule):
         self.pools = DifficultyPools(self.buffer, self.run_dir / "buffer.jsonl", self.seed) if self.buffer.uses_pools else None
         if self.pools is not None:
             generation = self.shape.locate(start_step)[0]
-            returned = self.pools.resume(generation, self.shape.locate(start_step if buffer_step is None else buffer_step)[0])
+            returned = self.pools.resume(generation, restore_buffer)
             log.info("easy/hard pools restored: %s (returned to sampling: %s)", self.pools.sizes(), returned)
         excluded = (lambda block: self.pools.excluded(block // self.buffer.rounds)) if self.pools is not None else None
         key = hash_key(self.buffer.hash_keys) if self.buffer.hash_keys else None

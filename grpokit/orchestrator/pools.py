@@ -12,7 +12,8 @@ State: an append-only log of pool moves, one JSON line per move `{"generation", 
 generation < g, so the log gives the pools at any generation and a resumed run restores the state of
 the generation it restarts at (a partly written last line, from a killed process, is ignored). On every
 resume, round(easy_fraction * |easy|) examples of the easy pool and round(hard_fraction * |hard|) of
-the hard pool, drawn with a seeded RNG, move back to the normal pool (prime-rl's semantics).
+the hard pool, drawn with a seeded RNG, move back to the normal pool (prime-rl's semantics). A run that
+restarts its count (ckpt.skip_progress) keeps the pools of its checkpoint (`restart_log`).
 
 Example keys: `{env}/{index}`, or with `hash_keys` the SHA-256 of the listed fields' values, so a
 resume matches examples by content even if the dataset order changed, and equal examples are one.
@@ -60,15 +61,13 @@ class DifficultyPools:
         self.events: list[dict] = []
         self.latest: dict[str, str] = {}  # each moved example's pool after every move so far
 
-    def resume(self, start_generation: int, until_generation: int) -> dict[str, int]:
-        """Restore the moves of generations < until_generation; start at start_generation.
-
-        Moves kept from generations >= start_generation (a run restarting its count, ckpt.skip_progress)
-        count as made just before it. Then easy_fraction / hard_fraction of each pool return to normal,
-        and the log is rewritten. Returns how many examples returned from each pool.
+    def resume(self, start_generation: int, restore: bool = True) -> dict[str, int]:
+        """Continue at start_generation with the moves of earlier generations (none if not `restore`):
+        easy_fraction / hard_fraction of each pool return to normal, and the log is rewritten. Returns
+        how many examples returned from each pool.
         """
         before = start_generation - 1
-        self.events = [{**e, "generation": min(e["generation"], before)} for e in read_log(self.path) if e["generation"] < until_generation]
+        self.events = [e for e in read_log(self.path) if restore and e["generation"] < start_generation]
         rng = random.Random(self.seed * 1_000_003 + start_generation)
         returned = {}
         for pool, fraction in (("easy", self.settings.easy_fraction), ("hard", self.settings.hard_fraction)):
@@ -108,6 +107,15 @@ class DifficultyPools:
         """Examples in each pool now, as metrics."""
         pools = list(self.latest.values())
         return {f"pool/{p}": float(pools.count(p)) for p in POOLS}
+
+
+def restart_log(path: Path, until_generation: int | None) -> int:
+    """Start a new count (ckpt.skip_progress): keep the moves of generations < until_generation (None:
+    none, ckpt.skip_buffer), as made before generation 0, and rewrite the log. Returns the moves kept."""
+    events = [{**e, "generation": -1} for e in read_log(path) if until_generation is not None and e["generation"] < until_generation]
+    if path.exists() or events:
+        atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in events))
+    return len(events)
 
 
 def read_log(path: Path) -> list[dict]:

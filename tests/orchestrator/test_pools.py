@@ -7,7 +7,7 @@ import pytest
 
 from grpokit.env import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.buffer import BufferSettings
-from grpokit.orchestrator.pools import DifficultyPools, hash_key, read_log
+from grpokit.orchestrator.pools import DifficultyPools, hash_key, read_log, restart_log
 from grpokit.orchestrator.prompts import PromptSampler, index_key
 
 
@@ -38,7 +38,7 @@ def test_pool_of_checks_easy_first_and_both_bounds_inclusive():
 
 def test_pools_move_once_and_only_count_from_the_next_generation(tmp_path):
     pools = DifficultyPools(BufferSettings(easy_threshold=0.9, hard_threshold=0.1), tmp_path / "buffer.jsonl", seed=0)
-    pools.resume(0, 0)
+    pools.resume(0)
     assert pools.observe(0, "a", 1.0) == "easy" and pools.observe(0, "b", 0.0) == "hard" and pools.observe(0, "c", 0.5) == "normal"
     assert pools.observe(1, "a", 0.0) == "hard"  # classified, but an example already in a pool stays where it is
     assert pools.excluded(0) == set() and pools.excluded(1) == {"a", "b"}
@@ -54,9 +54,9 @@ def test_resume_keeps_earlier_generations_and_drops_a_torn_line(tmp_path):
     path = tmp_path / "buffer.jsonl"
     write_log(path, [{"generation": g, "key": f"k{g}", "pool": "hard"} for g in range(5)], tail='{"generation": 5, "ke')
     pools = DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0)
-    assert pools.resume(3, 3) == {"easy": 0, "hard": 0}
+    assert pools.resume(3) == {"easy": 0, "hard": 0}
     assert pools.excluded(3) == {"k0", "k1", "k2"} and [e["key"] for e in read_log(path)] == ["k0", "k1", "k2"]
-    assert DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0).resume(0, 0) == {"easy": 0, "hard": 0}  # skip_buffer
+    assert DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0).resume(3, restore=False) == {"easy": 0, "hard": 0}  # skip_buffer
     assert read_log(path) == []
 
 
@@ -66,20 +66,22 @@ def test_resume_returns_the_configured_fraction_of_each_pool(tmp_path):
     settings = BufferSettings(easy_threshold=0.9, hard_threshold=0.1, easy_fraction=0.3, hard_fraction=1.0)
     write_log(path, events)
     pools = DifficultyPools(settings, path, seed=7)
-    assert pools.resume(2, 2) == {"easy": 3, "hard": 4}
+    assert pools.resume(2) == {"easy": 3, "hard": 4}
     excluded = pools.excluded(2)
     assert len(excluded) == 7 and all(k.startswith("e") for k in excluded)
     assert pools.excluded(1) == {f"e{i}" for i in range(10)}  # the returns count from the resumed generation on
     write_log(path, events)
-    assert DifficultyPools(settings, path, seed=7).resume(2, 2) and read_log(path) == pools.events  # seeded: same draw
+    assert DifficultyPools(settings, path, seed=7).resume(2) and read_log(path) == pools.events  # seeded: same draw
 
 
 def test_skip_progress_counts_restored_moves_as_made_before_the_new_start(tmp_path):
     path = tmp_path / "buffer.jsonl"
     write_log(path, [{"generation": 4, "key": "a", "pool": "easy"}, {"generation": 9, "key": "b", "pool": "easy"}])
+    assert restart_log(path, 6) == 1  # restart the count at 0 with the pools of the checkpoint at generation 6
     pools = DifficultyPools(BufferSettings(easy_threshold=0.9), path, seed=0)
-    pools.resume(0, 6)  # restart the count at 0 with the pools of the checkpoint at generation 6
-    assert pools.excluded(0) == {"a"}
+    pools.resume(0)
+    assert pools.excluded(0) == {"a"} and read_log(path) == [{"generation": -1, "key": "a", "pool": "easy"}]
+    assert restart_log(path, None) == 0 and read_log(path) == []  # with skip_buffer: none
 
 
 def walk(sampler, pools, rewards, generations, count=2):
@@ -99,7 +101,7 @@ def test_easy_and_hard_examples_leave_the_prompt_order_and_a_resume_continues_it
 
     def run(path, generations, start=0):
         pools = DifficultyPools(settings, path, seed=0)
-        pools.resume(start, start)
+        pools.resume(start)
         return walk(PromptSampler([env], seed=3, excluded=pools.excluded), pools, rewards, generations)
 
     straight = run(tmp_path / "a.jsonl", range(8))
@@ -138,7 +140,7 @@ def test_hash_keys_dedup_equal_examples_and_name_missing_fields(env):
 
 def test_an_exhausted_pool_is_an_error_naming_the_fix(env, tmp_path):
     pools = DifficultyPools(BufferSettings(hard_threshold=1.0), tmp_path / "buffer.jsonl", seed=0)
-    pools.resume(0, 0)
+    pools.resume(0)
     with pytest.raises(ValueError, match="every example of all environments is in the easy or hard pool: lower data.buffer.easy_threshold"):
         walk(PromptSampler([env], seed=0, excluded=pools.excluded), pools, {i: 0.0 for i in range(6)}, range(4))
 
