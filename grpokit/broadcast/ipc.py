@@ -8,8 +8,11 @@ loading them into its model is the only copy. A LoRA update moves only the adapt
 written after the segment is complete, so a reader never sees a partial step; old segments are
 unlinked after `keep_last` newer steps.
 
-This is the CPU twin of CUDA IPC (torch.multiprocessing's CUDA handles), which needs a GPU: on CUDA
-the same index would carry IPC handles instead of a segment name (not built yet).
+CUDA: when the update's tensors are on a GPU, nothing goes through host memory. The trainer clones
+them into buffers it keeps for `keep_last` steps and the index carries their CUDA IPC handles (as JSON,
+grpokit.broadcast.cuda_ipc; never pickled); an engine in another process maps them, and an engine in the
+trainer's own process (co-locate `fit`) takes the same GPU tensors directly. The shared-memory path
+above is this path's CPU twin, which is what CI tests; bench/gpu_check_ipc.py checks the CUDA path.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class IPCBroadcast(WeightBroadcast):
             raise ValueError(f"broadcast.init_args.keep_last must be >= 2, got {keep_last}")
         self.keep_last = keep_last
         self._segments: dict[int, shared_memory.SharedMemory] = {}
+        self._cuda: dict[int, dict[str, torch.Tensor]] = {}  # step -> GPU buffers readers may have mapped
 
     @property
     def index_dir(self):
@@ -52,6 +56,10 @@ class IPCBroadcast(WeightBroadcast):
         return f"grpokit-{os.getpid()}-{step}-{secrets.token_hex(4)}"  # unique; readers learn it from the index
 
     def publish(self, update: WeightUpdate) -> None:
+        wire = update.wire_tensors()
+        if wire and all(t.is_cuda for t in wire.values()):
+            self._publish_cuda(update, wire)
+            return
         entries, offset = [], 0
         tensors = {k: v.detach().contiguous().cpu() for k, v in update.wire_tensors().items()}
         for name, t in tensors.items():
@@ -82,8 +90,30 @@ class IPCBroadcast(WeightBroadcast):
                 log.warning("ipc broadcast step %d vanished while reading", step)
         return None
 
+    def _publish_cuda(self, update: WeightUpdate, wire: dict[str, torch.Tensor]) -> None:
+        from grpokit.broadcast.cuda_ipc import share
+
+        buffers = {k: v.detach().clone() for k, v in wire.items()}  # the trainer's own tensors keep changing
+        torch.cuda.synchronize()  # the clones are complete before any reader maps them
+        self._cuda[update.step] = buffers
+        handles = {k: share(v) for k, v in buffers.items()}
+        atomic_write_json(self.index_dir / f"step_{update.step}.json", {"step": update.step, "cuda": handles, "pid": os.getpid(), "lora_config": update.lora_config})
+        self._prune(update.step)
+
+    def _read_cuda(self, step: int, index: dict) -> WeightUpdate:
+        from grpokit.broadcast.cuda_ipc import open_shared
+
+        own = self._cuda.get(step)
+        if own is not None and index.get("pid") == os.getpid():
+            tensors = own  # co-locate: the same GPU tensors, no copy and no handle
+        else:
+            tensors = {k: open_shared(h) for k, h in index["cuda"].items()}
+        return WeightUpdate.from_wire(step, dict(tensors), lora_config=index["lora_config"])
+
     def _read(self, step: int) -> WeightUpdate:
         index = json.loads((self.index_dir / f"step_{step}.json").read_text())
+        if "cuda" in index:
+            return self._read_cuda(step, index)
         own = self._segments.get(step)
         if own is not None and own.name == index["segment"]:
             segment = own  # co-locate: this object published it; view the same mapping
@@ -102,6 +132,9 @@ class IPCBroadcast(WeightBroadcast):
         return update
 
     def _prune(self, newest: int) -> None:
+        for step in [s for s in self._cuda if s <= newest - self.keep_last]:
+            (self.index_dir / f"step_{step}.json").unlink(missing_ok=True)
+            del self._cuda[step]
         for step in [s for s in self._segments if s <= newest - self.keep_last]:
             (self.index_dir / f"step_{step}.json").unlink(missing_ok=True)
             segment = self._segments.pop(step)
@@ -109,6 +142,9 @@ class IPCBroadcast(WeightBroadcast):
             segment.unlink()
 
     def close(self) -> None:
+        for step in list(self._cuda):
+            (self.index_dir / f"step_{step}.json").unlink(missing_ok=True)
+        self._cuda.clear()
         for step in list(self._segments):
             (self.index_dir / f"step_{step}.json").unlink(missing_ok=True)
             segment = self._segments.pop(step)
