@@ -31,19 +31,24 @@ def digest(t: torch.Tensor) -> str:
 
 
 def engine(run_dir: str, steps: int, out: str) -> None:
+    torch.cuda.init()
     b = IPCBroadcast()
     b.setup(run_dir)
+    (Path(run_dir) / "ready").touch()
     seen, result = -1, {}
     deadline = time.time() + 120
     while seen < steps - 1 and time.time() < deadline:
         update = b.poll(seen)
         if update is None:
-            time.sleep(0.005)
+            time.sleep(0.002)
             continue
         mapped = time.time()
         result[update.step] = {"mapped_at": mapped, "hashes": {k: digest(v) for k, v in update.wire_tensors().items()},
                                "device": str(next(iter(update.tensors.values())).device)}
         seen = update.step
+        del update
+        torch.cuda.ipc_collect()
+        (Path(run_dir) / f"ack_{seen}").touch()
     Path(out).write_text(json.dumps(result))
 
 
@@ -58,6 +63,9 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     reader = ctx.Process(target=engine, args=(run_dir, args.steps, str(out)))
     reader.start()
+    deadline = time.time() + 120
+    while not (Path(run_dir) / "ready").exists() and time.time() < deadline:
+        time.sleep(0.01)
     b = IPCBroadcast(keep_last=3)
     b.setup(run_dir)
     n = args.size_mb * 2**20 // 2 // 64
@@ -71,7 +79,8 @@ def main() -> int:
         published_at[step] = time.time()
         publish_s.append(published_at[step] - t)
         sent[step] = {k: digest(v) for k, v in update.wire_tensors().items()}
-        time.sleep(0.5)  # the engine maps each step before the next (keep_last bounds what it may skip)
+        while not (Path(run_dir) / f"ack_{step}").exists() and time.time() < deadline:  # one step at a time
+            time.sleep(0.002)
     reader.join(timeout=150)
     got = json.loads(out.read_text()) if out.exists() else {}
     ok = len(got) == args.steps and all(got[str(s)]["hashes"] == sent[s] for s in range(args.steps))

@@ -27,6 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--new-tokens", type=int, default=256)
             s.add_argument("--no-cuda-graphs", action="store_true")
             s.add_argument("--no-compile", action="store_true", help="decode step without torch.compile fusion")
+            s.add_argument("--lora-rank", type=int, default=0, help="serve under a random LoRA adapter (q/k/v/o) of this rank")
             if name == "step":
                 s.add_argument("--micro-tokens", type=int, default=8192, help="packed tokens per training micro-batch")
                 s.add_argument("--steps", type=int, default=2, help="timed overlapped steps")
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         from grpokit.bench import generate
 
         result = generate.run(args.model, args.batch, args.prompt_len, args.new_tokens, dtype, args.device,
-                              baseline=not args.no_baseline, cuda_graphs=not args.no_cuda_graphs, compile=not args.no_compile)
+                              baseline=not args.no_baseline, cuda_graphs=not args.no_cuda_graphs, compile=not args.no_compile,
+                              lora_rank=args.lora_rank)
     elif args.what == "step":
         from grpokit.bench import step
 

@@ -51,14 +51,28 @@ def logprob_agreement(model, prompts, results, count: int = 16) -> dict[str, flo
     return {"token_mult_prob_error": sum(errors) / len(errors), "max_abs_logprob_diff": max_abs}
 
 
-def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: torch.dtype, device: str, baseline: bool = True, cuda_graphs: bool = True, compile: bool = True) -> dict:
+def with_lora(model, rank: int):
+    """`model` under a peft LoRA adapter of `rank` on q/k/v/o with non-zero random weights."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    return model.eval()
+
+
+def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: torch.dtype, device: str, baseline: bool = True, cuda_graphs: bool = True, compile: bool = True, lora_rank: int = 0) -> dict:
     model = build_model(model_name, dtype, device)
+    if lora_rank:
+        model = with_lora(model, lora_rank)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, vocab, (batch, prompt_len), generator=g)
     prompts = input_ids.tolist()
     out = {"bench": "generate", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
-           "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "torch": torch.__version__}
+           "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "lora_rank": lora_rank, "torch": torch.__version__}
     import transformers
 
     out["transformers"] = transformers.__version__

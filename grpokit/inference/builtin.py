@@ -36,7 +36,7 @@ class BuiltinEngine(InferenceEngine):
         max_batch_size: int = 64,
         device: str = "auto",
         fast: Literal["auto", "on", "off"] = "auto",
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         cuda_graphs: bool = True,
         compile: bool = True,
     ) -> None:
@@ -47,7 +47,8 @@ class BuiltinEngine(InferenceEngine):
                 requests wait in a queue (fast path) or are split into batches (plain path).
             device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
             fast: the static-cache / continuous-batching path: "auto" = on for CUDA, off for CPU.
-            max_model_len: longest prompt + completion the fast path's cache holds.
+            max_model_len: longest prompt + completion (the fast path's cache size); null = the model's
+                max_position_embeddings.
             cuda_graphs: replay decode steps from CUDA graphs on the fast path (CUDA only).
             compile: fuse the decode step's elementwise work with torch.compile (CUDA only; the first
                 generate call compiles, about a minute, per slot bucket in use).
@@ -65,6 +66,8 @@ class BuiltinEngine(InferenceEngine):
     def setup(self, model: str) -> None:
         self.tokenizer = load_tokenizer(model)
         self.model = load_causal_lm(model, dtype=self.dtype).to(self.device).eval()
+        if self.max_model_len is None:
+            self.max_model_len = getattr(self.model.config, "max_position_embeddings", None) or 4096
         self.stop_token_ids = {self.tokenizer.eos_token_id}
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         self.stop_token_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
