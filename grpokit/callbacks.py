@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from pathlib import Path
 
 import lightning as L
+import torch
 
 from grpokit.broadcast import WeightBroadcast
 
@@ -15,18 +19,51 @@ class WeightSync(L.Callback):
     Step numbering: the weights published as step n have seen n optimizer steps, and the trainer's
     step n trains on the batch for step n. Publishing at on_train_start works because Policy takes
     the dataloader iterator, so Lightning fetches no batch before it (the first batch needs them).
+    With several trainer ranks (DDP) only global rank 0 publishes.
     """
 
     def __init__(self, broadcast: WeightBroadcast) -> None:
         self.broadcast = broadcast
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+        if trainer.is_global_zero:  # DDP ranks hold identical weights; rank 0 speaks for them
+            self.broadcast.publish(pl_module.weight_update(trainer.global_step))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.broadcast.close()  # frees sockets, process groups or shared-memory segments
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not trainer.is_global_zero:
+            return
         start = time.perf_counter()
         self.broadcast.publish(pl_module.weight_update(trainer.global_step))
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
+
+
+class RankChecksums(L.Callback):
+    """Writes the sha256 of each rank's publishable weights after every step, one file per rank:
+    `{run_dir}/rank_checksums/rank_{R}.jsonl` with {"step", "rank", "sha256"} lines.
+
+    A check that DDP ranks stay identical (they must: every rank applies the same all-reduced gradient),
+    and that what rank 0 publishes is what every rank trains. Add it with
+    `--trainer.callbacks+=grpokit.callbacks.RankChecksums`; it costs one copy of the trainable weights
+    per step.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        line = json.dumps({"step": step, "rank": trainer.global_rank, "sha256": tensors_sha256(pl_module.weight_update(step).tensors)})
+        folder = Path(trainer.default_root_dir) / "rank_checksums"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"rank_{trainer.global_rank}.jsonl", "a") as f:
+            f.write(line + "\n")
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, raw bytes) of each tensor, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -127,7 +127,9 @@ class Checkpointer(L.Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step_{step}.ckpt"
         tmp = self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp"
-        trainer.save_checkpoint(tmp)
+        trainer.save_checkpoint(tmp)  # every DDP rank joins; only global rank 0 writes
+        if not trainer.is_global_zero:
+            return
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)

@@ -21,6 +21,7 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import WeightSync
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, resume_path
 from grpokit.components import clashes, components, discover
+from grpokit.distributed import check_trainer_processes
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
 from grpokit.norm_noise import check_engine_accepts_norms
@@ -69,6 +70,7 @@ class GrpoCLI(LightningCLI):
             raise ValueError(f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}")
         if self.role != "fit" and not config.run_name:
             raise ValueError(f"grpokit {self.role} needs --run_name: the processes of a run share the folder output_dir/run_name")
+        self.run_name_given = bool(config.run_name)
         run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
         config.run_name = run_name
         self.run_dir = Path(config.output_dir) / run_name
@@ -91,9 +93,11 @@ class GrpoCLI(LightningCLI):
 
     def before_fit(self) -> None:
         config = self.config_init[self.subcommand]
+        check_trainer_processes(self.trainer, self.run_name_given)
         if self.restart_from is not None:
             self._restart_count(*self.restart_from)
-        if self.role == "train":  # batches come from `grpokit orchestrate`; weights go out through the broadcast
+        if self.role == "train" or not self.trainer.is_global_zero:
+            # batches come from `grpokit orchestrate` (or, on DDP ranks > 0, from rank 0); rank 0 publishes weights
             config["broadcast"].setup(self.run_dir)
             self.datamodule.connect_trainer(self.run_dir, self.trainer.max_steps, self.start_step)
             self.trainer.callbacks.append(WeightSync(config["broadcast"]))

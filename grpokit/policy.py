@@ -7,6 +7,7 @@ micro-batch, then clip, optimizer step, scheduler step, log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Literal
 import lightning as L
 import torch
 
+from grpokit.distributed import gather_step, rank_and_world, rank_share
 from grpokit.logprobs import packed_token_logprobs
 from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
@@ -224,22 +226,28 @@ class Policy(L.LightningModule):
         start, wall_start = time.perf_counter(), time.time()
         opt, sched = self.optimizers(), self.lr_schedulers()
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
-        for mb in batch.micro_batches:
+        rank, world = rank_and_world()  # several DDP ranks: each trains its share (grpokit.distributed)
+        share = rank_share(batch.micro_batches, rank, world)
+        for i, (mb, counts) in enumerate(share):
             inputs = self.loss_inputs(mb, batch)
             loss, metrics = self.loss(inputs)
-            self.manual_backward(loss)
+            with self._gradient_sync(i == len(share) - 1):
+                self.manual_backward(loss * world)  # DDP averages over ranks: the sum over micro-batches stays
+            if not counts:
+                continue
             totals += loss.detach().double().cpu()
             metrics.update(mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T))
             mb_metrics.append(metrics)
             weights.append(float(inputs.loss_mask_T.sum()))
+        totals, mb_metrics, weights = gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
         grad_norm = self._clip_gradients()
-        if self.guard.allows_step(float(totals), grad_norm, batch, self.trainer.default_root_dir if self._trainer else None):
+        if self.guard.allows_step(totals, grad_norm, batch, self.trainer.default_root_dir if self._trainer and rank == 0 else None):
             opt.step()
         else:
             self._count_skipped_step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        logs = {"loss": float(totals), "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
+        logs = {"loss": totals, "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
         logs["skipped_steps"] = float(self.guard.skipped)
         if self.noise_scheduler is not None:
             logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
@@ -250,8 +258,14 @@ class Policy(L.LightningModule):
         now = time.perf_counter()
         logs["step_time"], self._last_step_end = now - (self._last_step_end or start), now
         self._log_step(batch.step, logs)
-        if self._trainer is not None and self.trainer.default_root_dir:
+        if self._trainer is not None and self.trainer.default_root_dir and rank == 0:
             record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
+
+    def _gradient_sync(self, sync: bool):
+        """Under DDP, a context that skips the gradient all-reduce of a backward unless `sync` (no_sync
+        on all but a rank's last micro-batch); a no-op on one device."""
+        block = getattr(self.trainer.strategy, "block_backward_sync", None) if self._trainer is not None else None
+        return contextlib.nullcontext() if sync or block is None else block()
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""

@@ -20,6 +20,7 @@ import torch
 
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
+from grpokit.distributed import rank_and_world, share_batch
 from grpokit.env import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
@@ -284,13 +285,19 @@ class Orchestrator(L.LightningDataModule):
 
 
 class BatchStream:
-    """The trainer's dataloader: batch `step` for step = start_step, start_step + 1, ..."""
+    """The trainer's dataloader: batch `step` for step = start_step, start_step + 1, ...
+
+    With several trainer ranks (DDP) only rank 0 reads the transport and sends each batch to the
+    others over the trainer's process group (grpokit.distributed).
+    """
 
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orchestrator = orchestrator
 
     def __iter__(self):
+        rank, world = rank_and_world()
         step = self.orchestrator.start_step
         while step < self.orchestrator.max_steps:
-            yield self.orchestrator.receive(step)
+            batch = self.orchestrator.receive(step) if rank == 0 else None
+            yield share_batch(batch) if world > 1 else batch
             step += 1

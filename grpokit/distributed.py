@@ -1,0 +1,119 @@
+"""The trainer on several processes (Lightning's DDP): how a step's batch reaches every rank, which
+micro-batches each rank trains, and how their results are summed.
+
+Design, for a step with M micro-batches on W ranks:
+- Rank 0 alone reads the batch from the transport (a ZMQ PULL socket can be bound once, and PUSH would
+  deal messages out round-robin; the filesystem transport deletes old files as it reads) and broadcasts
+  it to the other ranks over the trainer's process group, as the same safetensors bytes the transport
+  carries (no pickle). One reader keeps every transport unchanged.
+- Rank r trains micro-batches r, r + W, r + 2W, ... A rank left without one (M < W) runs the step's last
+  micro-batch with its loss mask zeroed: its gradient is exactly 0, and its backward still joins DDP's
+  all-reduce, which every rank must reach once per step.
+- Every backward but a rank's last runs under `no_sync` (Lightning's `block_backward_sync`), so each rank
+  all-reduces once per step. DDP averages gradients over W ranks and the loss is normalised by the whole
+  step's loss tokens, so each rank scales its loss by W: the averaged gradient is then the sum over all M
+  micro-batches, the single-process gradient up to float summation order.
+- The step's loss and per-micro-batch metrics are gathered from every rank (JSON bytes), so each rank's
+  numerics guard takes the same decision and rank 0 logs the whole step.
+- Only rank 0 runs the engine and the orchestrator (`grpokit fit`) and publishes weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from grpokit.transport.codec import decode_batch, encode_batch
+from grpokit.types import MicroBatch, TrainingBatch
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(this process's rank, number of trainer processes); (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def collective_device() -> torch.device:
+    """Where collective buffers live: the current CUDA device under NCCL, else the CPU (gloo)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_bytes(data: bytes | None) -> bytes:
+    """Rank 0's `data` on every rank (the others pass None)."""
+    device, root = collective_device(), dist.get_rank() == 0
+    length = torch.tensor([len(data) if root else 0], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    if root:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, src=0)
+    return data if root else buffer.cpu().numpy().tobytes()
+
+
+def share_batch(batch: TrainingBatch | None) -> TrainingBatch:
+    """Rank 0's batch on every rank: rank 0 passes the batch it received, the others None."""
+    raw = broadcast_bytes(encode_batch(batch) if batch is not None else None)
+    return batch if batch is not None else decode_batch(raw)
+
+
+def rank_share(micro_batches: list[MicroBatch], rank: int, world: int) -> list[tuple[MicroBatch, bool]]:
+    """This rank's (micro-batch, counts) pairs: round-robin, or one zero-loss stand-in when none is left."""
+    mine = micro_batches[rank::world]
+    if mine or not micro_batches:
+        return [(mb, True) for mb in mine]
+    last = micro_batches[-1]
+    zeros_T = torch.zeros_like(last.loss_mask_T)
+    return [(replace(last, loss_mask_T=zeros_T, expert_mask_T=zeros_T, advantages_T=torch.zeros_like(last.advantages_T)), False)]
+
+
+def all_gather_json(obj) -> list:
+    """`obj` (JSON-serialisable) from every rank, in rank order."""
+    device, world = collective_device(), dist.get_world_size()
+    raw = json.dumps(obj).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(raw)], dtype=torch.int64, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(buffers, mine)
+    return [json.loads(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(buffers, sizes)]
+
+
+def gather_step(loss: float, metrics: list[dict[str, torch.Tensor]], weights: list[float]) -> tuple[float, list[dict[str, float]], list[float]]:
+    """The step's loss summed over ranks, and every rank's per-micro-batch metrics and weights."""
+    mine = {"loss": loss, "metrics": [{k: float(v) for k, v in m.items()} for m in metrics], "weights": weights}
+    parts = all_gather_json(mine)
+    return sum(p["loss"] for p in parts), [m for p in parts for m in p["metrics"]], [w for p in parts for w in p["weights"]]
+
+
+def check_trainer_processes(trainer, run_name_given: bool) -> None:
+    """Refuse a trainer spread over several processes in a way grpokit cannot run, naming the fix."""
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+    if trainer.world_size == 1:
+        return
+    strategy = trainer.strategy
+    if not isinstance(strategy, DDPStrategy) or isinstance(strategy, DeepSpeedStrategy):
+        raise ValueError(
+            f"trainer.strategy {type(strategy).__name__}: grpokit trains on several processes with DDP "
+            "(trainer.strategy: ddp). Sharded strategies (FSDP, DeepSpeed) would need every rank to join a gather of "
+            "the full weights before rank 0 publishes them, which grpokit does not do yet"
+        )
+    if getattr(strategy, "_start_method", "popen") != "popen":
+        raise ValueError(
+            f"trainer.strategy ddp_{strategy._start_method}: use trainer.strategy: ddp (or torchrun/SLURM). Spawned or forked "
+            "ranks would get a pickled copy of the objects this process built, engine and orchestrator included"
+        )
+    if not run_name_given:
+        raise ValueError(
+            f"the trainer runs as {trainer.world_size} processes (trainer.devices x trainer.num_nodes): set --run_name, "
+            "so that they share one folder output_dir/run_name (each would otherwise name its own)"
+        )
