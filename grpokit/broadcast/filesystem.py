@@ -5,14 +5,27 @@ vLLM's LoRA hot reload can load it as is; a full update is model.safetensors. Qe
 when a noise scheduler is on, lie beside them in noisy_norms.safetensors (outside the adapter files, so
 the adapter stays loadable by anything that reads peft adapters). Readers only open folders that hold
 STABLE, so they never see a half-written step.
+
+Retention never deletes a step a reader may still be loading. A reader acknowledges in every
+`poll(after_step)` that it has finished loading `after_step` (callers pass the step their engine holds),
+by writing `broadcasts/acks/<reader>.json` before it lists the steps; it loads only steps newer than its
+ack, and a path-based engine (vLLM loads the adapter folder itself) has read the files of its step by
+the time it polls again. After each publish the writer deletes step s only if
+    s <= newest - keep_last   and   s < min(ack of every live reader)
+so a reader far behind (slow to load, the writer many steps ahead) keeps its step on disk. A reader is
+live while its ack file is younger than `reader_timeout` (each poll refreshes it, at most every few
+seconds); a reader that died stops holding steps after that. `close()` removes the reader's ack.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import itertools
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -24,20 +37,27 @@ from grpokit.types import WeightUpdate
 log = logging.getLogger(__name__)
 ADAPTER_FILE, ADAPTER_CONFIG, FULL_FILE, STABLE = "adapter_model.safetensors", "adapter_config.json", "model.safetensors", "STABLE"
 NORMS_FILE = "noisy_norms.safetensors"
+_READERS = itertools.count()
 
 
 class FilesystemBroadcast(WeightBroadcast):
     """Weights as folders `broadcasts/step_N/`, complete once `STABLE` exists."""
 
-    def __init__(self, keep_last: int = 3) -> None:
+    def __init__(self, keep_last: int = 3, reader_timeout: float = 3600.0) -> None:
         """
         Args:
-            keep_last: newest steps kept on disk (older ones are deleted after each publish); >= 2 so a
-                reader loading the previous step is not raced by the deletion.
+            keep_last: newest steps always kept on disk; older ones are deleted after each publish once
+                every live reader has acknowledged a newer step.
+            reader_timeout: seconds after its last poll that a reader's acknowledgement stops holding
+                steps on disk (a reader that died); longer than any one weight load.
         """
         if keep_last < 2:
             raise ValueError(f"broadcast.init_args.keep_last must be >= 2, got {keep_last}")
-        self.keep_last = keep_last
+        if reader_timeout <= 0:
+            raise ValueError(f"broadcast.init_args.reader_timeout must be > 0 seconds, got {reader_timeout}")
+        self.keep_last, self.reader_timeout = keep_last, reader_timeout
+        self.reader_id = f"{socket.gethostname()}-{os.getpid()}-{next(_READERS)}"
+        self._acked: tuple[int, float] | None = None  # (step, when) last written to the ack file
 
     @property
     def root(self) -> Path:
@@ -71,6 +91,7 @@ class FilesystemBroadcast(WeightBroadcast):
         return sorted(steps)
 
     def poll(self, after_step: int) -> WeightUpdate | None:
+        self.acknowledge(after_step)  # before listing: the writer keeps every step newer than this
         for step in reversed(self.stable_steps()):
             if step <= after_step:
                 return None
@@ -88,8 +109,39 @@ class FilesystemBroadcast(WeightBroadcast):
             return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms)
         return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d), norm_tensors=norms)
 
+    # ---- retention -------------------------------------------------------------------------------
+    @property
+    def ack_path(self) -> Path:
+        return self.root / "acks" / f"{self.reader_id}.json"
+
+    def acknowledge(self, step: int) -> None:
+        """This reader has finished loading `step` (-1: nothing yet) and will only load newer steps."""
+        now = time.time()
+        if self._acked is not None and self._acked[0] == step and now - self._acked[1] < min(10.0, self.reader_timeout / 10):
+            return
+        atomic_write_json(self.ack_path, {"reader": self.reader_id, "step": step})
+        self._acked = (step, now)
+
+    def oldest_needed_ack(self) -> int | None:
+        """The smallest step acknowledged by a live reader (None without live readers)."""
+        steps, now = [], time.time()
+        for path in self.root.glob("acks/*.json"):
+            try:
+                if now - path.stat().st_mtime <= self.reader_timeout:
+                    steps.append(int(json.loads(path.read_text())["step"]))
+            except (OSError, ValueError, KeyError, TypeError):  # removed or being replaced meanwhile
+                continue
+        return min(steps, default=None)
+
     def _prune(self, newest: int) -> None:
+        floor = self.oldest_needed_ack()
         for step in self.stable_steps():
-            if step <= newest - self.keep_last:
+            if step <= newest - self.keep_last and (floor is None or step < floor):
                 (self.step_dir(step) / STABLE).unlink(missing_ok=True)  # unlisted first, then deleted
                 shutil.rmtree(self.step_dir(step), ignore_errors=True)
+
+    def close(self) -> None:
+        """Withdraw this reader's acknowledgement: it holds no steps on disk any more."""
+        if self._acked is not None:
+            self.ack_path.unlink(missing_ok=True)
+            self._acked = None

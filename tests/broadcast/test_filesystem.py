@@ -1,10 +1,16 @@
-"""Filesystem broadcast: STABLE-gated reads, pruning, and a poller racing a publisher."""
+"""Filesystem broadcast: STABLE-gated reads, pruning, a poller racing a publisher, and retention that
+never deletes a step a reader has not acknowledged."""
 
+import os
 import threading
+import time
+from pathlib import Path
 
+import pytest
 import torch
+from safetensors.torch import load_file
 
-from grpokit.broadcast.filesystem import STABLE, FilesystemBroadcast
+from grpokit.broadcast.filesystem import ADAPTER_FILE, STABLE, FilesystemBroadcast
 from grpokit.types import WeightUpdate
 
 
@@ -63,3 +69,86 @@ def test_poller_racing_publisher_sees_whole_consistent_updates(tmp_path):
         last = got.step
     thread.join()
     assert seen[-1] == steps - 1
+
+
+# -- retention: never delete a step a reader has not acknowledged ------------------------------------
+
+
+def load_from_path(got: WeightUpdate) -> torch.Tensor:
+    """What a path-based engine (vLLM) does: read the adapter files itself, after poll returned."""
+    return load_file(Path(got.path) / ADAPTER_FILE)["a.lora_A.weight"]
+
+
+def test_a_slow_reader_keeps_its_step_while_the_writer_runs_ahead(tmp_path):
+    writer, reader = FilesystemBroadcast(keep_last=2), FilesystemBroadcast(keep_last=2)
+    writer.setup(tmp_path)
+    reader.setup(tmp_path)
+    writer.publish(update(0, size=8))
+    got = reader.poll(-1)  # acknowledges -1: it holds nothing yet, so every step stays
+    for s in range(1, 11):
+        writer.publish(update(s, size=8))
+    assert torch.all(load_from_path(got) == 0)  # without the ack, steps 0..8 would be gone
+    assert writer.stable_steps() == list(range(11))
+    got = reader.poll(got.step)  # loaded step 0; now it loads 10
+    assert got.step == 10
+    writer.publish(update(11, size=8))
+    assert writer.stable_steps() == list(range(12))  # the reader's ack is still 0: every step from 0 on stays
+    reader.poll(10)  # loaded step 10
+    writer.publish(update(12, size=8))
+    assert writer.stable_steps() == [10, 11, 12]  # older than keep_last and than the oldest ack: deleted
+
+
+def test_without_an_ack_the_step_is_deleted_under_the_reader(tmp_path):
+    """The race the acknowledgements close: a reader whose ack is withdrawn loses its step."""
+    writer, reader = FilesystemBroadcast(keep_last=2), FilesystemBroadcast(keep_last=2)
+    writer.setup(tmp_path)
+    reader.setup(tmp_path)
+    writer.publish(update(0, size=8))
+    got = reader.poll(-1)
+    reader.close()  # withdraws the ack
+    for s in range(1, 4):
+        writer.publish(update(s, size=8))
+    with pytest.raises(FileNotFoundError):
+        load_from_path(got)
+
+
+def test_a_dead_readers_ack_stops_holding_steps_after_reader_timeout(tmp_path):
+    writer, reader = FilesystemBroadcast(keep_last=2, reader_timeout=60), FilesystemBroadcast(keep_last=2)
+    writer.setup(tmp_path)
+    reader.setup(tmp_path)
+    writer.publish(update(0, size=8))
+    reader.poll(-1)
+    writer.publish(update(1, size=8))
+    writer.publish(update(2, size=8))
+    assert writer.stable_steps() == [0, 1, 2]
+    old = time.time() - 120
+    os.utime(reader.ack_path, (old, old))  # no poll for 2 minutes: the reader is presumed dead
+    writer.publish(update(3, size=8))
+    assert writer.stable_steps() == [2, 3]
+
+
+def test_reader_slower_than_writer_never_loses_a_step_in_a_real_race(tmp_path):
+    """Writer thread publishing as fast as it can; a reader that loads each step from its folder only
+    after a delay (as vLLM does), so the writer is often more than keep_last steps ahead."""
+    writer, reader = FilesystemBroadcast(keep_last=2), FilesystemBroadcast(keep_last=2)
+    writer.setup(tmp_path)
+    reader.setup(tmp_path)
+    steps, gaps = 40, []
+    thread = threading.Thread(target=lambda: [writer.publish(update(s, size=64)) for s in range(steps)])
+    thread.start()
+    loaded = -1
+    while loaded < steps - 1:
+        got = reader.poll(loaded)
+        if got is None:
+            time.sleep(0.001)
+            continue
+        time.sleep(0.02)  # a slow load
+        gaps.append(max(writer.stable_steps()) - got.step)
+        assert torch.all(load_from_path(got) == got.step)
+        loaded = got.step
+    thread.join()
+    assert max(gaps) > 2  # the writer did run more than keep_last steps ahead of a load in progress
+    reader.poll(loaded)
+    reader.close()
+    writer.publish(update(steps, size=64))
+    assert writer.stable_steps() == [steps - 1, steps]  # nothing held once the reader is done
