@@ -24,6 +24,8 @@ CASES = [
     (["--broadcast.init_args.keep_last", "1"], r"broadcast.init_args.keep_last must be >= 2"),
     (["--data.temp_scheduler", '{"type": "linear", "start_temperature": 1.0, "end_temperature": 0.5}'], r"either data.sampling.temperature or data.temp_scheduler"),
     (["--data.sampling.temperature", "null", "--data.temp_scheduler", '{"start_temperature": 0}'], r"temperatures must be > 0"),
+    (["--model.activation_memory_budget", "0.2"], r"model.activation_memory_budget \(0.2\) needs model.compile: true"),
+    (["--model.compile", "true", "--model.activation_memory_budget", "1.5"], r"a value in \(0, 1\]"),
 ]
 
 

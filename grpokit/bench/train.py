@@ -8,7 +8,10 @@ Both paths train the same LoRA adapter (rank `lora_rank` on q/k/v/o) on the same
   chunks of `chunk_size` tokens (grpokit.logprobs.chunked_logprobs), activation checkpointing, fused
   AdamW on CUDA;
 - grpokit_compile: the same with `model.compile: true` (each decoder layer torch.compiled);
-- grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute).
+- grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute);
+- grpokit_compile_budget_B: compiled without checkpointing, but AOTAutograd recomputes the cheapest
+  activations so that each layer saves at most the fraction B of them
+  (torch._functorch.config.activation_memory_budget).
 Reported: tokens/s and ms per step (mean of `steps` after one warm-up), peak memory, the ratios, and
 the largest difference between the two paths' log-probabilities on the first step.
 """
@@ -61,11 +64,13 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
     return torch.cat([picked.new_zeros(1), torch.where(pos_T[1:] == 0, torch.zeros_like(picked), picked)])
 
 
-VARIANTS = {  # name: (fast path, activation checkpointing, compile)
-    "grpokit": (True, True, False),
-    "grpokit_compile": (True, True, True),
-    "grpokit_compile_no_ckpt": (True, False, True),
-    "naive": (False, False, False),
+VARIANTS = {  # name: (fast path, activation checkpointing, compile, compiled-region activation memory budget)
+    "grpokit": (True, True, False, None),
+    "grpokit_compile": (True, True, True, None),
+    "grpokit_compile_no_ckpt": (True, False, True, None),
+    "grpokit_compile_budget_0.5": (True, False, True, 0.5),
+    "grpokit_compile_budget_0.2": (True, False, True, 0.2),
+    "naive": (False, False, False, None),
 }
 
 
@@ -78,7 +83,11 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
     first_logprobs = {}
     names = variants or (["grpokit"] + (["naive"] if baseline else []))
     for name in names:
-        fast, ckpt, compile = VARIANTS[name]
+        fast, ckpt, compile, budget = VARIANTS[name]
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = 1.0 if budget is None else budget
+        torch._dynamo.reset()  # recompile under this variant's budget
         reset_peak(device)
         lm = lora_model(model_name, dtype, device, lora_rank, checkpointing=ckpt, varlen=fast, compile=compile)
         ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device)
