@@ -29,7 +29,8 @@ class ServerSettings:
         host: bind address; loopback unless you mean to expose the server.
         port: TCP port.
         model_name: the served model name (the `model` field clients send).
-        engine: the engine behind the server (default: the builtin torch engine).
+        engine: the engine behind the server (default: the builtin torch engine). With `inference:
+            VLLMEngine` and its `serve` set, `grpokit infer` runs vLLM's server here instead.
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +46,8 @@ def infer(cli) -> int:
 
     config = cli.config_init
     settings: ServerSettings = config["server"]
+    if getattr(config["inference"], "serve", None) is not None:  # VLLMEngine with `serve`: vLLM is the server
+        return infer_vllm(cli, config["inference"], settings)
     engine = settings.engine or BuiltinEngine()
     check_engine_accepts_norms(engine, cli.model.noise_scheduler)
     broadcast = config["broadcast"]
@@ -57,6 +60,29 @@ def infer(cli) -> int:
     except KeyboardInterrupt:
         log.info("server stopped")
     return 0
+
+
+def infer_vllm(cli, engine, settings: ServerSettings) -> int:
+    """Run vLLM's server (inference.init_args.serve) on server.host:server.port until SIGTERM or Ctrl-C.
+
+    The orchestrator's VLLMEngine hot-loads each step's adapter into it; this process only keeps the
+    server up, forwards the stop signal and reports a server that died on its own (its exit code).
+    """
+    from grpokit.inference.vllm_server import start_vllm
+
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
+    server = None
+    try:
+        server = start_vllm(engine.serve, cli.model, cli.datamodule.seq_len, settings.host, settings.port, engine.base_model_name, cli.run_dir)
+        code = server.wait()
+        log.error("vLLM exited on its own with code %d; the end of %s:\n%s", code, server.log_path, server.log_tail())
+        return code or 1
+    except KeyboardInterrupt:
+        log.info("stopping vLLM")
+        return 0
+    finally:
+        if server is not None:
+            server.stop(engine.serve.stop_timeout)
 
 
 def _interrupt(signum, frame) -> None:

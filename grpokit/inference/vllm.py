@@ -1,6 +1,7 @@
 """VLLMEngine: RemoteEngine for vLLM's OpenAI server, hot-loading each step's LoRA adapter.
 
-The server is started separately, with LoRA and runtime adapter loading on:
+`grpokit infer` starts the server when `serve` is set (grpokit.inference.vllm_server); otherwise start
+it yourself, with LoRA and runtime adapter loading on:
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m vllm.entrypoints.openai.api_server \\
         --model BASE --served-model-name base --enable-lora --max-lora-rank 16 --port 8000
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 
 from grpokit.inference.remote import RemoteEngine, RemoteError
+from grpokit.inference.vllm_server import VLLMServe
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class VLLMEngine(RemoteEngine):
         timeout: float = 600.0,
         max_retries: int = 5,
         max_concurrency: int = 8,
+        serve: VLLMServe | None = None,
     ) -> None:
         """
         Args:
@@ -58,9 +61,11 @@ class VLLMEngine(RemoteEngine):
             timeout: seconds per request.
             max_retries: retries with exponential backoff on connection errors and 5xx answers.
             max_concurrency: requests in flight at once.
+            serve: how `grpokit infer` starts the vLLM server on server.host:server.port
+                (grpokit.inference.vllm_server); null: the server is started some other way.
         """
         super().__init__(base_url, model_name, api_key_var, timeout, max_retries, max_concurrency)
-        self.base_model_name = model_name
+        self.base_model_name, self.serve = model_name, serve
         self.adapter: str | None = None
 
     def load_weights(self, update: WeightUpdate) -> None:

