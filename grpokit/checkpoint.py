@@ -24,6 +24,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from grpokit.transport import Transport
+
 CKPT = re.compile(r"^step_(\d+)\.ckpt$")
 
 
@@ -106,7 +108,7 @@ class LoadWeights(L.Callback):
         self.path = Path(path)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        state = torch.load(self.path, map_location="cpu", weights_only=False)["state_dict"]
+        state = torch.load(self.path, map_location="cpu", weights_only=True)["state_dict"]
         result = pl_module.load_state_dict(state, strict=False)
         if result.unexpected_keys or not state:
             raise ValueError(f"ckpt.skip_progress: {self.path} holds weights the model lacks ({result.unexpected_keys[:3]}): was it written with another model or LoRA setup?")
@@ -115,8 +117,18 @@ class LoadWeights(L.Callback):
 class Checkpointer(L.Callback):
     """Writes `checkpoints/step_N.ckpt` (N = optimizer steps done) every `interval` steps and at the end."""
 
-    def __init__(self, folder: Path, settings: CheckpointSettings) -> None:
-        self.folder, self.settings = Path(folder), settings
+    def __init__(self, folder: Path, settings: CheckpointSettings, transport: Transport | None = None) -> None:
+        """`transport` hears the step of every checkpoint (Transport.retain_from), so it keeps the batches
+        that a trainer resumed from that checkpoint reads again."""
+        self.folder, self.settings, self.transport = Path(folder), settings, transport
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Keep the batches from the step training (re)starts at; delete temp files a killed writer left."""
+        if self.transport is not None:
+            self.transport.retain_from(trainer.global_step)
+        if trainer.is_global_zero:
+            for tmp in self.folder.glob(".step_*.ckpt.*.tmp"):
+                tmp.unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -127,13 +139,19 @@ class Checkpointer(L.Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step_{step}.ckpt"
         tmp = self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp"
-        trainer.save_checkpoint(tmp)  # every DDP rank joins; only global rank 0 writes
-        if not trainer.is_global_zero:
-            return
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            trainer.save_checkpoint(tmp)  # every DDP rank joins; only global rank 0 writes
+            if not trainer.is_global_zero:
+                return
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:  # a full disk, say: no partial file stays behind, earlier checkpoints are untouched
+            tmp.unlink(missing_ok=True)
+            raise
         self._prune(step)
+        if self.transport is not None:
+            self.transport.retain_from(step)
 
     def _prune(self, newest: int) -> None:
         steps = checkpoint_steps(self.folder)

@@ -27,7 +27,8 @@ from grpokit.models import load_tokenizer
 from grpokit.norm_noise import check_engine_accepts_norms
 from grpokit.orchestrator import Orchestrator
 from grpokit.policy import Policy
-from grpokit.roles import ServerSettings
+from grpokit.recipe_files import check_recipe_files
+from grpokit.roles import ServerSettings, first_unsent_step
 
 CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
 
@@ -84,7 +85,7 @@ class GrpoCLI(LightningCLI):
             if resuming:
                 self.start_step = step
             if self.subcommand and resuming:  # the trainer's process loads the checkpoint
-                config.ckpt_path = str(path)
+                config.ckpt_path, config.weights_only = str(path), True  # tensors and plain data: nothing is unpickled
             elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
                 self.restart_from = (path, step)
         config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if resuming else None)
@@ -99,6 +100,7 @@ class GrpoCLI(LightningCLI):
         if self.role == "train" or not self.trainer.is_global_zero:
             # batches come from `grpokit orchestrate` (or, on DDP ranks > 0, from rank 0); rank 0 publishes weights
             config["broadcast"].setup(self.run_dir)
+            self._discard_stale_weights(config["broadcast"])
             self.datamodule.connect_trainer(self.run_dir, self.trainer.max_steps, self.start_step)
             self.trainer.callbacks.append(WeightSync(config["broadcast"]))
             self._add_checkpointer(config)
@@ -107,11 +109,20 @@ class GrpoCLI(LightningCLI):
         check_engine_accepts_norms(engine, self.model.noise_scheduler)
         broadcast: WeightBroadcast = config["broadcast"]
         broadcast.setup(self.run_dir)
+        self._discard_stale_weights(broadcast)
         engine.setup(self.model.model_name)
         self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer)
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
-        self.datamodule.start()
+        # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
+        # them rather than sample those steps again with weights newer than the steps
+        self.datamodule.start(first_unsent_step(self.datamodule, self.start_step) if self.start_step else None)
+
+    def _discard_stale_weights(self, broadcast: WeightBroadcast) -> None:
+        """Weights of steps >= start_step in the run folder are a killed run's (or an earlier run's): this
+        trainer publishes its own, so no engine samples a batch with weights newer than the batch's step."""
+        if self.trainer.is_global_zero:
+            broadcast.discard_after(self.start_step - 1)
 
     def _restart_count(self, path: Path, step: int) -> None:
         """ckpt.skip_progress: archive the earlier count's files, keep its easy/hard pools (unless
@@ -128,7 +139,7 @@ class GrpoCLI(LightningCLI):
     def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]
         if settings.interval:
-            self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings))
+            self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings, self.datamodule.transport))
 
 
 def with_csv_logger(logger, run_dir: Path, resume_step: int | None):
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         from grpokit.sweep import commands
 
         return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[argv[0]](argv[1:])
+    check_recipe_files(argv)
     if argv[:1] == ["train"]:
         make_cli(["fit", *argv[1:]], role="train")
         return 0

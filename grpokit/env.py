@@ -64,16 +64,23 @@ class Environment:
     def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
         """Reward each reply to its example with the taskset's rubric: (reward, metrics) per reply.
 
-        A reward function that raises or returns a non-finite value is an error naming the env and example.
+        A reward function that raises or returns a non-finite value (or None) is an error naming the env
+        and example: training on a made-up reward would bias the run without a trace.
         """
         traces = [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)]
 
-        async def score_all() -> None:
-            await asyncio.gather(*(ex.task.score(tr) for ex, tr in zip(examples, traces)))
+        async def score_all() -> list:
+            return await asyncio.gather(*(ex.task.score(tr) for ex, tr in zip(examples, traces)), return_exceptions=True)
 
-        asyncio.run(score_all())
         out = []
-        for ex, tr in zip(examples, traces):
+        for ex, tr, outcome in zip(examples, traces, asyncio.run(score_all())):
+            if isinstance(outcome, Exception):
+                raise ValueError(
+                    f"environment {self.name!r} example {ex.index}: scoring the reply {tr.last_reply!r:.200} failed "
+                    f"({type(outcome).__name__}: {outcome}); fix the reward function of data.env id {self.spec.id!r}"
+                ) from outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
             reward = tr.reward
             if reward is None or not math.isfinite(float(reward)):
                 raise ValueError(f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number")
@@ -116,6 +123,16 @@ class UnscoredEnvironment(Environment):
 
 
 def load_taskset(spec: EnvSpec):
+    """The verifiers Taskset of `spec`; args the taskset's config does not accept are an error naming data.env."""
+    import pydantic
+
+    try:
+        return _load_taskset(spec)
+    except pydantic.ValidationError as e:
+        raise ValueError(f"data.env id {spec.id!r}: its taskset does not accept args {spec.args}: {e}") from e
+
+
+def _load_taskset(spec: EnvSpec):
     import verifiers.v1 as vf
 
     module_name = spec.id.split("/")[-1].split("@")[0].replace("-", "_").lower()

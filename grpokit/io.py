@@ -12,7 +12,11 @@ from safetensors.torch import save
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`."""
+    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`.
+
+    On failure (a full disk, say) the temp file is removed and `path` keeps its previous content; an
+    OSError names `path`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -22,6 +26,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path} ({e.strerror}); its previous content, if any, is unchanged") from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

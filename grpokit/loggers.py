@@ -1,12 +1,19 @@
-"""A CSV logger that keeps a resumed run's history: rows of steps before the resume step stay."""
+"""A CSV logger that keeps a resumed run's history: rows of steps before the resume step stay.
+
+Every rewrite of metrics.csv (dropping the rows a resumed run redoes, or Lightning's rewrite when a new
+column appears) goes to a temp file renamed over it, so a run killed mid-rewrite loses no earlier row.
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from grpokit.io import atomic_write_text
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -24,11 +31,20 @@ class _AppendingWriter(ExperimentWriter):
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             fields, rows = reader.fieldnames or [], [r for r in reader if r.get("step") and int(float(r["step"])) < self.keep_before_step]
-        with open(path, "w", newline="") as f:  # rows of steps the resumed run will redo are dropped
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
+        self._write_rows(fields, rows)  # rows of steps the resumed run will redo are dropped
         self.metrics_keys = list(fields)
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        with open(self.metrics_file_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        self._write_rows(fieldnames, rows)
+
+    def _write_rows(self, fieldnames: list[str], rows: list[dict]) -> None:
+        out = io.StringIO(newline="")
+        writer = csv.DictWriter(out, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.metrics_file_path, out.getvalue())
 
 
 class ResumableCSVLogger(CSVLogger):

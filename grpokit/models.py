@@ -96,7 +96,14 @@ def load_tokenizer(name: str):
     """Load the tokenizer for `name`, with a pad token (EOS when the model has none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+    path = resolve_model(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:  # a missing folder reads as a bad hub id; no hub is reachable offline
+        raise FileNotFoundError(
+            f"cannot load the tokenizer of model {name!r} (resolved to {path!r}): {e}. Set model.model to an HF id, "
+            f"a local folder, or one of {sorted(GGUF_ALIASES)}"
+        ) from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

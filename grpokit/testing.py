@@ -9,6 +9,9 @@ Components are built with their defaults: every argument of a component needs a 
 
 from __future__ import annotations
 
+import json
+import time
+
 import torch
 
 from grpokit.advantage import Advantage
@@ -187,3 +190,68 @@ def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, comman
         "--data.sampling.max_tokens", "8", "--data.seq_len", "128", "--data.filters", "[]",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *overrides,
     ]
+
+
+class ScriptedServer:
+    """An HTTP server on a real loopback socket that answers each POST with the next step of a script, for
+    testing clients against a peer that misbehaves. Steps: a dict or list (a 200 answer with that JSON
+    body), bytes (a 200 answer with that raw body), "close" (the connection is dropped once the request is read), "half" (a 200 whose body stops halfway,
+    then the connection drops), "hang" (no answer until stop()). The last step repeats. `request_times`
+    holds the monotonic arrival time of every POST, `request_headers` its headers.
+
+        with ScriptedServer(["close", {"choices": []}]) as server:
+            RemoteEngine(base_url=server.url)
+    """
+
+    def __init__(self, script: list) -> None:
+        import http.server
+        import threading
+
+        self.script, self.request_times, self.request_headers, self.released = list(script), [], [], threading.Event()
+        scripted = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                step = scripted.script[min(len(scripted.request_times), len(scripted.script) - 1)]
+                scripted.request_times.append(time.monotonic())
+                scripted.request_headers.append(dict(self.headers))
+                if step == "hang":
+                    scripted.released.wait()
+                if isinstance(step, str):
+                    self.close_connection = True
+                    if step == "half":
+                        self.send_response(200)
+                        self.send_header("Content-Length", "1000")
+                        self.end_headers()
+                        self.wfile.write(b'{"choices": [')
+                    return
+                body = step if isinstance(step, bytes) else json.dumps(step).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def stop(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -30,5 +30,11 @@ class WeightBroadcast(ABC):
     def poll(self, after_step: int) -> WeightUpdate | None:
         """Return the newest complete update newer than `after_step`, or None."""
 
+    def discard_after(self, step: int) -> None:
+        """Forget published steps after `step`: a trainer (re)starting at step + 1, from its checkpoint or
+        fresh, publishes those steps again, so what is there belongs to a killed or earlier run. The
+        trainer's process calls it before it starts publishing (and, in `fit`, before its rollout thread
+        starts); a no-op for broadcasts that keep nothing."""
+
     def close(self) -> None:
         """Release process groups or handles."""

@@ -72,17 +72,31 @@ class FilesystemBroadcast(WeightBroadcast):
             return  # already published (a resumed run re-publishing the same step)
         tmp = self.root / f".step_{update.step}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        if update.lora_config is not None:
-            atomic_save_tensors(tmp / ADAPTER_FILE, update.tensors, metadata={"format": "pt"})
-            atomic_write_json(tmp / ADAPTER_CONFIG, update.lora_config)
-        else:
-            atomic_save_tensors(tmp / FULL_FILE, update.tensors, metadata={"format": "pt"})
-        if update.norm_tensors:
-            atomic_save_tensors(tmp / NORMS_FILE, update.norm_tensors, metadata={"format": "pt"})
+        try:
+            self._write(tmp, update)
+        except BaseException:  # a full disk, say: no half-written folder stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         atomic_write_text(final / STABLE, str(update.step))
         self._prune(update.step)
+
+    def _write(self, folder: Path, update: WeightUpdate) -> None:
+        if update.lora_config is not None:
+            atomic_save_tensors(folder / ADAPTER_FILE, update.tensors, metadata={"format": "pt"})
+            atomic_write_json(folder / ADAPTER_CONFIG, update.lora_config)
+        else:
+            atomic_save_tensors(folder / FULL_FILE, update.tensors, metadata={"format": "pt"})
+        if update.norm_tensors:
+            atomic_save_tensors(folder / NORMS_FILE, update.norm_tensors, metadata={"format": "pt"})
+
+    def discard_after(self, step: int) -> None:
+        for newer in self.stable_steps():
+            if newer > step:
+                log.info("broadcast: discarding step %d, published before the trainer restarted at step %d", newer, step)
+                (self.step_dir(newer) / STABLE).unlink(missing_ok=True)  # unlisted first, then deleted
+                shutil.rmtree(self.step_dir(newer), ignore_errors=True)
 
     def stable_steps(self) -> list[int]:
         if not self.root.exists():
@@ -119,7 +133,11 @@ class FilesystemBroadcast(WeightBroadcast):
         now = time.time()
         if self._acked is not None and self._acked[0] == step and now - self._acked[1] < min(10.0, self.reader_timeout / 10):
             return
-        atomic_write_json(self.ack_path, {"reader": self.reader_id, "step": step})
+        try:
+            atomic_write_json(self.ack_path, {"reader": self.reader_id, "step": step})
+        except OSError as e:  # a full disk: the previous ack, older, still holds at least the steps this one would
+            log.warning("broadcast: could not acknowledge step %d (%s); reading on", step, e)
+            return
         self._acked = (step, now)
 
     def oldest_needed_ack(self) -> int | None:

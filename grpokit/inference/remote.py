@@ -9,6 +9,7 @@ records the step the orchestrator waited for. Several `base_url`s spread the pro
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -94,10 +95,22 @@ class RemoteEngine(InferenceEngine):
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
         url, body = url_body
-        return json.loads(self._call(url, "completions", body))
+        raw = self._call(url, "completions", body)
+        try:
+            answer = json.loads(raw)
+        except json.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+            raise ValueError(f"inference server {url} answered {raw[:200]!r}: not a completions answer (a JSON object with a 'choices' list)")
+        return answer
 
     def _call(self, url: str, endpoint: str, body: dict) -> bytes:
-        """POST `body` to `{url}/{endpoint}`; retries connection errors and 5xx answers; returns the raw answer."""
+        """POST `body` to `{url}/{endpoint}`; returns the raw answer.
+
+        A server that is down, restarting, drops the connection or cuts its answer short (connection
+        errors, timeouts, http.client errors, 5xx answers) is retried max_retries times with exponential
+        backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart), then reported with an error naming it.
+        """
         data = json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
             request = urllib.request.Request(f"{url.rstrip('/')}/{endpoint}", data=data, headers=self._headers, method="POST")
@@ -107,11 +120,15 @@ class RemoteEngine(InferenceEngine):
             except urllib.error.HTTPError as e:
                 if e.code < 500 or attempt == self.max_retries:
                     raise RemoteError(f"{url}/{endpoint} answered {e.code}: {e.read()[:500]!r}", e.code) from e
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 if attempt == self.max_retries:
-                    raise ConnectionError(f"inference server {url} unreachable after {self.max_retries + 1} tries: {e}") from e
+                    raise ConnectionError(
+                        f"inference server {url} failed {self.max_retries + 1} tries ({type(e).__name__}: {e}): is `grpokit infer` "
+                        f"(or vLLM) serving there? Retries and the per-request limit are inference.init_args.max_retries "
+                        f"({self.max_retries}) and inference.init_args.timeout ({self.timeout:g}s)."
+                    ) from e
             delay = min(30.0, 0.5 * 2**attempt)
-            log.warning("request to %s failed (try %d), retrying in %.1fs", url, attempt + 1, delay)
+            log.warning("request to %s/%s failed (try %d of %d), retrying in %.1fs", url, endpoint, attempt + 1, self.max_retries + 1, delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
 

@@ -162,21 +162,21 @@ class Orchestrator(L.LightningDataModule):
         self.transport.setup(run_dir)
 
     # ---- the rollout loop -------------------------------------------------------------------------
-    def start(self) -> None:
-        """Run the rollout loop in a daemon thread (co-locate mode)."""
-        self._thread = threading.Thread(target=self._run_guarded, name="grpokit-orchestrator", daemon=True)
+    def start(self, first_step: int | None = None) -> None:
+        """Run the rollout loop in a daemon thread (co-locate mode), from `first_step` (default start_step)."""
+        self._thread = threading.Thread(target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator", daemon=True)
         self._thread.start()
 
-    def _run_guarded(self) -> None:
+    def _run_guarded(self, first_step: int | None) -> None:
         try:
-            self.run()
+            self.run(first_step)
         except BaseException as e:  # surfaced to the trainer thread by receive()
             log.exception("orchestrator failed")
             self._error = e
 
-    def run(self) -> None:
-        """Produce the batches for steps start_step .. max_steps - 1."""
-        for step in range(self.start_step, self.max_steps):
+    def run(self, first_step: int | None = None) -> None:
+        """Produce the batches for steps first_step (default start_step) .. max_steps - 1."""
+        for step in range(self.start_step if first_step is None else first_step, self.max_steps):
             if self._stop.is_set():
                 return
             self.transport.send(self.make_batch(step))
@@ -253,7 +253,10 @@ class Orchestrator(L.LightningDataModule):
             if self._stop.is_set():
                 raise RuntimeError("orchestrator stopped while waiting for weights")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): is the trainer running?")
+                raise TimeoutError(
+                    f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): is the trainer (`grpokit train`) "
+                    f"running and publishing through the same broadcast ({type(self.broadcast).__name__})?"
+                )
             time.sleep(0.05)
 
     def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
@@ -273,9 +276,12 @@ class Orchestrator(L.LightningDataModule):
                 raise RuntimeError(f"the orchestrator failed: {self._error!r}") from self._error
             try:
                 return self.transport.receive(step, timeout=1.0)
-            except TimeoutError:
+            except TimeoutError as e:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no batch for step {step} after {self.timeout:.0f}s (data.timeout)") from None
+                    raise TimeoutError(
+                        f"no batch for step {step} after {self.timeout:.0f}s (data.timeout): the orchestrator (`grpokit "
+                        f"orchestrate`, or the rollout thread of `grpokit fit`) sent none. The transport says: {e}"
+                    ) from None
 
     def teardown(self, stage: str) -> None:
         self._stop.set()

@@ -1,11 +1,23 @@
-"""One step's rollouts: prompts -> engine completions -> environment rewards -> Rollout records."""
+"""One step's rollouts: prompts -> engine completions -> environment rewards -> Rollout records.
+
+A completion whose engine logprobs are not all finite (a numerics fault in the engine, or a server's
+bad answer) keeps its reward, so its group's baseline is unchanged, but none of its tokens is trained on:
+its logprobs become 0 and its completion mask 0. It is logged and counted in the batch metric
+`env/nonfinite_logprobs` (the fraction of rollouts masked this way).
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+
 from grpokit.env import Environment, Example
-from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.orchestrator.steps import rollout_steps
 from grpokit.types import Rollout
+
+log = logging.getLogger(__name__)
+NONFINITE_LOGPROBS = "nonfinite_logprobs"
 
 
 def generate_rollouts(
@@ -28,10 +40,21 @@ def generate_rollouts(
         groups.append([
             Rollout(
                 example_id=ex.index, env_id=env.name, group_id=first_group_id + g, prompt_ids=list(ids),
-                completion_ids=c.token_ids, completion_logprobs=c.logprobs, completion_mask=[1] * len(c.token_ids),
-                reward=reward, is_truncated=c.is_truncated, policy_step=c.policy_step, completion_text=text, metrics=metrics,
+                completion_ids=c.token_ids, **logprob_fields(c, metrics, env, ex),
+                reward=reward, is_truncated=c.is_truncated, policy_step=c.policy_step, completion_text=text,
                 **rollout_steps(s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)),
             )
             for c, text, (reward, metrics), s in zip(comps, replies, scores, steps)
         ])
     return groups
+
+
+def logprob_fields(completion: Completion, metrics: dict[str, float], env: Environment, example: Example) -> dict:
+    """The rollout's completion_logprobs, completion_mask and metrics: as sampled, or, when a logprob is
+    NaN or infinite, all 0 (not trained on) with the rollout counted in metrics."""
+    n = len(completion.token_ids)
+    if all(map(math.isfinite, completion.logprobs)):
+        return {"completion_logprobs": completion.logprobs, "completion_mask": [1] * n, "metrics": metrics}
+    bad = sum(not math.isfinite(x) for x in completion.logprobs)
+    log.warning("environment %r example %d: the engine returned %d non-finite logprobs of %d; the completion is masked out of the loss", env.name, example.index, bad, n)
+    return {"completion_logprobs": [0.0] * n, "completion_mask": [0] * n, "metrics": {**metrics, NONFINITE_LOGPROBS: 1.0}}

@@ -36,5 +36,9 @@ class Transport(ABC):
         """Whether the batch of `step` was sent and is still held for the receiver (False if unknown)."""
         return False
 
+    def retain_from(self, step: int) -> None:
+        """The trainer's newest checkpoint is of `step`: a trainer resumed from it asks again for the
+        batches of `step` and later, so a transport that frees read batches keeps those (no-op here)."""
+
     def close(self) -> None:
         """Release sockets or handles."""

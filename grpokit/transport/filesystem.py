@@ -2,6 +2,10 @@
 
 The writer renames a complete temp file into place (atomic on POSIX), so the reader sees a batch
 whole or not at all. Works across processes and hosts that share the directory.
+
+Read batches are deleted once `keep_last` newer ones were read, but never those from the trainer's
+newest checkpoint on (`retain_from`): a trainer killed and resumed from that checkpoint reads them
+again, while the orchestrator, still running, has moved past them and will not sample them again.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ class FilesystemTransport(Transport):
         """
         Args:
             poll_interval: seconds between checks for the next batch file.
-            keep_last: batch files kept on disk; older ones are deleted once read (0 keeps all).
+            keep_last: read batch files kept on disk; older ones are deleted, except those from the
+                newest checkpoint's step on (0 keeps all).
         """
         self.poll_interval = poll_interval
         self.keep_last = keep_last
+        self.retained_from: int | None = None  # None: no checkpoint to resume from, nothing to keep
+        self._pruned_below = 0
 
     def path(self, step: int) -> Path:
         return self.run_dir / "rollouts" / f"step_{step}.safetensors"
@@ -44,5 +51,16 @@ class FilesystemTransport(Transport):
             time.sleep(self.poll_interval)
         batch = decode_batch(path.read_bytes())
         if self.keep_last:
-            self.path(step - self.keep_last).unlink(missing_ok=True)
+            self._prune(step - self.keep_last + 1)
         return batch
+
+    def retain_from(self, step: int) -> None:
+        self.retained_from = step
+
+    def _prune(self, below: int) -> None:
+        """Delete the batch files of steps before `below`, and before the retained step."""
+        if self.retained_from is not None:
+            below = min(below, self.retained_from)
+        for step in range(self._pruned_below, below):
+            self.path(step).unlink(missing_ok=True)
+        self._pruned_below = max(self._pruned_below, below)

@@ -1,0 +1,94 @@
+"""A reward function that raises or returns NaN, inf or None stops the run with an error naming the
+environment and example; what the run wrote before stays whole."""
+
+import csv
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from grpokit.cli import main
+from grpokit.env import Environment, EnvSpec
+from grpokit.testing import tiny_fit_argv
+from grpokit.transport.codec import decode_batch
+
+BAD_REWARD_ENV = '''
+"""A taskset whose reward is what the reply asks for ("raise", "nan", "inf", "none"; 0.5 otherwise), and
+which raises from the FAIL_AFTER-th scoring call on."""
+import verifiers.v1 as vf
+
+FAIL_AFTER = None
+calls = 0
+
+
+class BadData(vf.TaskData):
+    answer: str = ""
+
+
+class BadTask(vf.Task[BadData]):
+    @vf.reward(weight=1.0)
+    async def misbehave(self, trace: vf.Trace) -> float:
+        global calls
+        calls += 1
+        reply = trace.last_reply or ""
+        if reply == "raise" or (FAIL_AFTER is not None and calls > FAIL_AFTER):
+            raise RuntimeError("reward exploded")
+        return {"nan": float("nan"), "inf": float("inf"), "none": None}.get(reply, 0.5)
+
+
+class BadConfig(vf.TasksetConfig):
+    num_tasks: int = 4
+
+
+class BadTaskset(vf.Taskset[BadTask, BadConfig]):
+    def load(self):
+        for i in range(self.config.num_tasks):
+            yield BadTask(BadData(prompt="Say something.", answer="x", id=f"bad-{i}"), self.config.task)
+
+
+__all__ = ["BadTaskset"]
+'''
+
+
+@pytest.fixture
+def bad_env(tmp_path, monkeypatch):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "bad_reward_env.py").write_text(textwrap.dedent(BAD_REWARD_ENV))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "bad_reward_env", raising=False)
+    yield
+    sys.modules.pop("bad_reward_env", None)
+
+
+@pytest.mark.parametrize("reply,message", [
+    ("raise", r"example 1: scoring the reply 'raise' failed \(.*RuntimeError: reward exploded\); fix the reward function of data.env id 'bad-reward-env'"),
+    ("none", r"example 1: scoring the reply 'none' failed \(.*NoneType"),
+    ("nan", r"example 1: reward is nan, expected a finite number"),
+    ("inf", r"example 1: reward is inf, expected a finite number"),
+], ids=["raises", "None", "NaN", "inf"])
+def test_a_bad_reward_names_the_environment_and_example(bad_env, reply, message):
+    env = Environment(EnvSpec(id="bad-reward-env"))
+    assert env.score(env.examples[1:2], ["fine"]) == [(0.5, {})]
+    with pytest.raises(ValueError, match=r"environment 'bad-reward-env' " + message):
+        env.score(env.examples[:2], ["fine", reply])
+
+
+def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tmp_path, tiny_model, bad_env):
+    import bad_reward_env
+
+    bad_reward_env.FAIL_AFTER = 16  # 8 rollouts per step: steps 0 and 1 score, step 2 raises
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "breaks", "--data.env", json.dumps([{"id": "bad-reward-env", "args": {}}]), "--data.eval", "null",
+        "--data.max_async_level", "0", "--data.sampling.max_tokens", "4", "--trainer.max_steps", "4", "--ckpt.interval", "1",
+        "--data.transport", '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}',
+    )
+    with pytest.raises(RuntimeError, match=r"the orchestrator failed: .*environment 'bad-reward-env' example \d+: scoring the reply .* failed \(.*RuntimeError: reward exploded\)"):
+        main(argv)
+    run = tmp_path / "breaks"
+    assert [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")] == [0, 1]
+    assert [decode_batch((run / "rollouts" / f"step_{s}.safetensors").read_bytes()).step for s in (0, 1)] == [0, 1]
+    assert not (run / "rollouts" / "step_2.safetensors").exists()
+    for step in (1, 2):  # the checkpoints written before the failure load
+        assert torch.load(run / "checkpoints" / f"step_{step}.ckpt", map_location="cpu", weights_only=False)["global_step"] == step

@@ -1,0 +1,138 @@
+"""Security defaults, checked over every module of the package (so new code is held to them too):
+sockets bind loopback unless `host` is set; nothing unpickles data; API keys come only from environment
+variables that the recipe names; no string is executed as code (class paths and environment ids,
+imported by name, are the documented way to run user code)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpokit.inference import SamplingSettings
+from grpokit.inference.remote import RemoteEngine
+from grpokit.testing import ScriptedServer
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for folder in ("grpokit", "registry", "envs") for p in (REPO / folder).rglob("*.py"))
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+UNPICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+PICKLING_CALLS = {"broadcast_object_list", "scatter_object_list", "gather_object", "all_gather_object", "send_object_list", "recv_object_list", "unsafe_load", "full_load"}
+ENV_VARS = {"PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI", "GRPOKIT_CACHE": "where converted models are cached"}
+SECRET_ARG = re.compile(r"(^|_)(api_?key|secret|password|passwd|auth_?token|bearer)$", re.IGNORECASE)
+
+
+def trees():
+    for path in SOURCES:
+        yield path.relative_to(REPO), ast.parse(path.read_text(), filename=str(path))
+
+
+def calls(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            yield node, name, ast.unparse(func)
+
+
+def keyword(node: ast.Call, name: str):
+    return next((k.value for k in node.keywords if k.arg == name), None)
+
+
+def test_sockets_bind_loopback_unless_host_is_set():
+    found = []
+    for path, tree in trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.args + node.args.kwonlyargs
+                defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults + node.args.kw_defaults
+                found += [(path, a.arg, d) for a, d in zip(args, defaults) if a.arg in ("host", "bind_host") and d is not None]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "host" and node.value is not None:
+                found += [(path, "host", node.value)]
+    assert found, "no host settings found: the scan is broken"
+    exposed = [(str(p), name, ast.unparse(d)) for p, name, d in found if not (isinstance(d, ast.Constant) and d.value in LOOPBACK)]
+    assert not exposed, f"these default to a non-loopback address: {exposed}"
+    for recipe in (REPO / "recipes").rglob("*.yaml"):
+        hosts = re.findall(r"^\s*host:\s*(\S+)", recipe.read_text(), re.MULTILINE)
+        assert set(hosts) <= LOOPBACK, f"{recipe.name} exposes a socket: host {hosts}"
+
+
+def test_nothing_is_unpickled():
+    problems = []
+    for path, tree in trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                problems += [f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in UNPICKLERS]
+        for node, name, text in calls(tree):
+            only_weights = keyword(node, "weights_only")
+            if text == "torch.load" and not (isinstance(only_weights, ast.Constant) and only_weights.value is True):
+                problems.append(f"{path}:{node.lineno} torch.load without weights_only=True")
+            if name == "load" and text.startswith(("np.", "numpy.")) and keyword(node, "allow_pickle") is not None:
+                problems.append(f"{path}:{node.lineno} numpy load with allow_pickle")
+            if text == "yaml.load" or name in PICKLING_CALLS:
+                problems.append(f"{path}:{node.lineno} {text} (unpickles or builds arbitrary objects)")
+    assert not problems, problems
+
+
+def test_no_string_is_executed_as_code():
+    problems = []
+    for path, tree in trees():
+        for node, name, text in calls(tree):
+            if text in ("eval", "exec", "compile", "__import__", "os.system", "os.popen"):
+                problems.append(f"{path}:{node.lineno} {text}()")
+            shell = keyword(node, "shell")
+            if isinstance(shell, ast.Constant) and shell.value is True:
+                problems.append(f"{path}:{node.lineno} {text}(shell=True)")
+    assert not problems, problems
+
+
+def test_secrets_come_only_from_environment_variables_named_in_the_recipe():
+    problems = []
+    for path, tree in trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and SECRET_ARG.search(node.arg):
+                problems.append(f"{path}:{node.lineno} takes a secret as argument {node.arg!r}: take the name of an environment variable (`{node.arg}_var`)")
+        for node, name, text in calls(tree):
+            if text in ("os.environ.get", "os.getenv"):
+                problems += env_read_problem(path, node, node.args[0] if node.args else None)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" and isinstance(node.ctx, ast.Load):
+                problems += env_read_problem(path, node, node.slice)
+    for recipe in (REPO / "recipes").rglob("*.yaml"):
+        problems += [f"{recipe.name}: {key}" for key in yaml_keys(yaml.safe_load(recipe.read_text())) if SECRET_ARG.search(key)]
+    assert not problems, problems
+
+
+def env_read_problem(path: Path, node: ast.AST, name: ast.AST | None) -> list[str]:
+    """An environment read is fine for the documented variables or a variable a recipe setting `*_var` names."""
+    if isinstance(name, ast.Constant) and name.value in ENV_VARS:
+        return []
+    if name is not None and ast.unparse(name).endswith("_var"):
+        return []
+    return [f"{path}:{node.lineno} reads environment variable {ast.unparse(name) if name is not None else '?'}"]
+
+
+def yaml_keys(data) -> list[str]:
+    if isinstance(data, dict):
+        return [str(k) for k in data] + [k for v in data.values() for k in yaml_keys(v)]
+    if isinstance(data, list):
+        return [k for v in data for k in yaml_keys(v)]
+    return []
+
+
+def test_the_api_key_is_read_from_the_named_variable_and_sent_only_as_a_bearer_token(monkeypatch):
+    monkeypatch.delenv("GRPOKIT_TEST_KEY", raising=False)
+    with pytest.raises(ValueError, match=r"inference.init_args.api_key_var names \$GRPOKIT_TEST_KEY, which is not set"):
+        RemoteEngine(api_key_var="GRPOKIT_TEST_KEY").setup("unused")
+    monkeypatch.setenv("GRPOKIT_TEST_KEY", "sk-test-123")
+    answer = {"choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}]}
+    with ScriptedServer([answer]) as server:
+        engine = RemoteEngine(base_url=server.url, api_key_var="GRPOKIT_TEST_KEY")
+        engine.setup("unused")
+        engine.generate([[1]], 1, SamplingSettings(max_tokens=2))
+    assert server.request_headers[0]["Authorization"] == "Bearer sk-test-123"
+    assert all("sk-test-123" not in repr(v) for k, v in vars(engine).items() if k != "_headers")  # kept only in the headers
