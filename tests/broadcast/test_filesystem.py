@@ -152,3 +152,14 @@ def test_reader_slower_than_writer_never_loses_a_step_in_a_real_race(tmp_path):
     reader.close()
     writer.publish(update(steps, size=64))
     assert writer.stable_steps() == [steps - 1, steps]  # nothing held once the reader is done
+
+
+def test_discard_after_unlists_and_deletes_newer_steps(tmp_path):
+    b = FilesystemBroadcast(keep_last=10)
+    b.setup(tmp_path)
+    for s in range(5):
+        b.publish(update(s, size=8))
+    b.discard_after(2)  # a trainer resumed at step 3 publishes 3 and 4 again, its own
+    assert b.stable_steps() == [0, 1, 2] and not (tmp_path / "broadcasts" / "step_3").exists()
+    b.publish(update(3, size=8))
+    assert b.poll(2).step == 3

@@ -49,3 +49,21 @@ def test_reader_racing_writer_sees_only_whole_batches(tmp_path):
         assert_same(reader.receive(s, timeout=30), batches[s])  # decode fails loudly on any partial file
     thread.join()
     assert not list((tmp_path / "rollouts").glob("*.tmp"))
+
+
+def test_read_batches_from_the_newest_checkpoint_on_are_kept_for_a_resumed_trainer(tmp_path):
+    t = FilesystemTransport(keep_last=1)
+    t.setup(tmp_path)
+    for s in range(3):
+        t.send(make_batch(s, tokens=8))
+        t.receive(s, timeout=1)
+    assert [t.has(s) for s in range(3)] == [False, False, True]  # keep_last 1: only the newest read batch
+    t.retain_from(3)  # a checkpoint of step 3: a resumed trainer asks for 3, 4, ... again
+    for s in range(3, 7):
+        t.send(make_batch(s, tokens=8))
+        t.receive(s, timeout=1)
+    assert [t.has(s) for s in range(7)] == [False] * 3 + [True] * 4
+    t.retain_from(6)  # the next checkpoint frees what the previous one held
+    t.send(make_batch(7, tokens=8))
+    t.receive(7, timeout=1)
+    assert [t.has(s) for s in range(8)] == [False] * 6 + [True] * 2
