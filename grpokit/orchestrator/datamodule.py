@@ -198,6 +198,7 @@ class Orchestrator(L.LightningDataModule):
         generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else generated  # what the metrics describe
         rollouts = [r for g in groups for r in g]
         all_rollouts = [r for g in generated for r in g] or rollouts
+        check_not_from_the_future(step, all_rollouts)
         advantages = self.advantage.token_advantages(groups)
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
@@ -288,6 +289,18 @@ class Orchestrator(L.LightningDataModule):
         if self._thread is not None:
             self._thread.join(timeout=60)
         self.transport.close()
+
+
+def check_not_from_the_future(step: int, rollouts: list[Rollout]) -> None:
+    """Refuse a batch sampled with weights newer than its step: the trainer restarted from an earlier
+    checkpoint (discarding its newer weights) while a running engine kept them."""
+    newest = max((r.policy_step for r in rollouts), default=-1)
+    if newest > step:
+        raise RuntimeError(
+            f"the batch for step {step} was sampled with weights of step {newest}: the trainer restarted from an earlier "
+            "checkpoint while the engine kept newer weights. Restart the engine (`grpokit infer`) after the trainer, then "
+            "the orchestrator (docs/reliability.md)."
+        )
 
 
 class BatchStream:

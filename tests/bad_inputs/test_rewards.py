@@ -37,6 +37,9 @@ class BadTask(vf.Task[BadData]):
             raise RuntimeError("reward exploded")
         return {"nan": float("nan"), "inf": float("inf"), "none": None}.get(reply, 0.5)
 
+    def step_rewards(self, reply: str) -> list[tuple[int, float]]:
+        return {"steps-nan": [(2, float("nan"))], "steps-unordered": [(5, 0.1), (2, 0.2)], "steps-past-end": [(99, 1.0)]}.get(reply, [])
+
 
 class BadConfig(vf.TasksetConfig):
     num_tasks: int = 4
@@ -92,3 +95,10 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
     assert not (run / "rollouts" / "step_2.safetensors").exists()
     for step in (1, 2):  # the checkpoints written before the failure load
         assert torch.load(run / "checkpoints" / f"step_{step}.ckpt", map_location="cpu", weights_only=False)["global_step"] == step
+
+
+@pytest.mark.parametrize("reply", ["steps-nan", "steps-unordered", "steps-past-end"])
+def test_bad_step_rewards_name_the_environment_and_example(bad_env, reply):
+    env = Environment(EnvSpec(id="bad-reward-env"))
+    with pytest.raises(ValueError, match=rf"environment 'bad-reward-env' example 0: step_rewards returned .*ascending ends in 1..{len(reply)}"):
+        env.step_rewards(env.examples[:1], [reply])

@@ -30,8 +30,10 @@ from pathlib import Path
 import pytest
 
 from grpokit.cli import main
+from grpokit.orchestrator.datamodule import check_not_from_the_future
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
+from grpokit.types import Rollout
 
 SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 STEPS = 8
@@ -156,3 +158,13 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
     # for; such rollouts are kept while within max_off_policy_steps (8), the bound checked here
     audit(run, STEPS, oldest_gap=8)
     assert survived == {"infer": True, "orchestrate": True, "train": True}, survived
+
+
+def test_a_batch_sampled_with_weights_newer_than_its_step_is_refused():
+    """ZMQ holds no batches on disk: after a trainer restart the orchestrator samples again, and an engine
+    still holding the killed trainer's newer weights would hand it rollouts from the future."""
+    rollout = Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.5],
+                      completion_mask=[1], reward=0.0, is_truncated=False, policy_step=7)
+    check_not_from_the_future(7, [rollout])
+    with pytest.raises(RuntimeError, match=r"step 5 was sampled with weights of step 7: .*Restart the engine \(`grpokit infer`\) after the trainer"):
+        check_not_from_the_future(5, [rollout])
