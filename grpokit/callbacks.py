@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
 import lightning as L
-import torch
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.checksums import tensors_sha256
 
 
 class WeightSync(L.Callback):
@@ -57,13 +56,3 @@ class RankChecksums(L.Callback):
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"rank_{trainer.global_rank}.jsonl", "a") as f:
             f.write(line + "\n")
-
-
-def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over (name, dtype, shape, raw bytes) of each tensor, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()

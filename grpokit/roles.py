@@ -65,15 +65,18 @@ def infer(cli) -> int:
 def infer_vllm(cli, engine, settings: ServerSettings) -> int:
     """Run vLLM's server (inference.init_args.serve) on server.host:server.port until SIGTERM or Ctrl-C.
 
-    The orchestrator's VLLMEngine hot-loads each step's adapter into it; this process only keeps the
-    server up, forwards the stop signal and reports a server that died on its own (its exit code).
+    The orchestrator's VLLMEngine hot-loads each step's adapter into it (or, with `broadcast:
+    VLLMNCCLBroadcast`, has vLLM's worker, extended by grpokit.inference.vllm_worker, receive the weights);
+    this process only keeps the server up, forwards the stop signal and reports a server that died on its
+    own (its exit code).
     """
     from grpokit.inference.vllm_server import start_vllm
 
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
     server = None
     try:
-        server = start_vllm(engine.serve, cli.model, cli.datamodule.seq_len, settings.host, settings.port, engine.base_model_name, cli.run_dir)
+        extension = getattr(cli.config_init["broadcast"], "vllm_worker_extension", None)  # VLLMNCCLBroadcast's receiver
+        server = start_vllm(engine.serve, cli.model, cli.datamodule.seq_len, settings.host, settings.port, engine.base_model_name, cli.run_dir, extension)
         code = server.wait()
         log.error("vLLM exited on its own with code %d; the end of %s:\n%s", code, server.log_path, server.log_tail())
         return code or 1

@@ -161,6 +161,8 @@ class WeightUpdate:
         norm_tensors: the engine's RMSNorm weights for this step, base-model names (QeRL noise,
             grpokit.norm_noise): clean weights plus fresh noise; empty when no noise scheduler is on.
             The engine loads them after `tensors`, so they win over a full update's clean norms.
+        in_engine: the broadcast has put the weights into the engine's own workers already (VLLMNCCLBroadcast):
+            `tensors` is empty, and a LoRA update's `path` is a folder on the engine's machine.
     """
 
     step: int
@@ -168,6 +170,7 @@ class WeightUpdate:
     lora_config: dict | None = None
     path: str | None = None
     norm_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    in_engine: bool = False
 
     def wire_tensors(self) -> dict[str, torch.Tensor]:
         """`tensors` and `norm_tensors` in one dict (norms under NORMS_PREFIX), for broadcasts that send one list."""

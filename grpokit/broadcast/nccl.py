@@ -284,6 +284,12 @@ class NCCLBroadcast(WeightBroadcast):
             latest = self._latest
         return latest if latest is not None and latest.step > after_step else None
 
+    @property
+    def receiving(self) -> bool:
+        """Engine side: the receiver thread runs (False before the first poll, after the trainer closed the
+        broadcast, or after an error)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _receive_loop(self) -> None:
         try:
             self._connect()

@@ -12,8 +12,10 @@ adapter; completions request `model: step_N`. vLLM answers no `weight_step`, so 
 completion is read from the adapter name it echoes in `model` (the base model name means step 0: a
 fresh LoRA adapter is zero, so the base weights are the step-0 policy).
 
-Departures from the builtin engine: full-weights updates are refused (vLLM reloads only LoRA adapters
-at run time); vLLM's logprobs are of the raw model distribution unless the server runs with
+Full-weights updates reach vLLM only through `broadcast: VLLMNCCLBroadcast`, which loads them into
+vLLM's worker (grpokit.inference.vllm_worker); the engine then serves the base name with that step and
+resets the prefix cache. Over the filesystem broadcast they are refused (vLLM hot-loads only LoRA
+adapters from disk). Departures from the builtin engine: vLLM's logprobs are of the raw model distribution unless the server runs with
 `--logprobs-mode processed_logprobs`, which matters for temperatures other than 1 and whenever
 `min_tokens` or `repetition_penalty` is set (the raw logprobs are then not those of the distribution
 the tokens were drawn from). vLLM's processed logprobs are also after top-p truncation; the builtin
@@ -67,13 +69,17 @@ class VLLMEngine(RemoteEngine):
         super().__init__(base_url, model_name, api_key_var, timeout, max_retries, max_concurrency)
         self.base_model_name, self.serve = model_name, serve
         self.adapter: str | None = None
+        self.base_step = 0  # the step of the weights served under the base name (full updates move it)
 
     def load_weights(self, update: WeightUpdate) -> None:
+        if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
+            self._serve_base(update.step)
+            return
         if update.lora_config is None:
             raise ValueError(
-                "VLLMEngine hot-loads LoRA adapters only, and this update holds full weights: train with "
-                "model.lora set, or use the builtin engine (full-weights updates to vLLM need NCCL weight "
-                "loading, which is not built yet)"
+                "VLLMEngine hot-loads LoRA adapters only from the filesystem broadcast, and this update holds full "
+                "weights: train with model.lora set, or send full weights into vLLM's worker with "
+                "`broadcast: VLLMNCCLBroadcast`"
             )
         if update.path is None:
             raise ValueError("VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)")
@@ -85,6 +91,16 @@ class VLLMEngine(RemoteEngine):
             for url in self.base_urls:
                 self._unload_adapter(url, previous)
         log.info("vLLM serves adapter %s from %s", name, update.path)
+
+    def _serve_base(self, step: int) -> None:
+        """The servers' base model now holds the weights of `step`: serve it, drop the last adapter and the
+        prefix cache (its KV entries were computed with the old weights)."""
+        previous, self.adapter, self.model_name, self.base_step, self.weight_step = self.adapter, None, self.base_model_name, step, step
+        for url in self.base_urls:
+            if previous is not None:
+                self._unload_adapter(url, previous)
+            self._call(url.removesuffix("/v1"), "reset_prefix_cache", {})
+        log.info("vLLM serves full weights of step %d", step)
 
     def _load_adapter(self, url: str, name: str, path: str) -> None:
         # load_inplace: a server that outlived an earlier run may hold another adapter under this name
@@ -106,5 +122,5 @@ class VLLMEngine(RemoteEngine):
         answer = super()._post(url_body)
         if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
             served = answer.get("model", url_body[1]["model"])
-            answer["weight_step"] = int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else 0
+            answer["weight_step"] = int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else self.base_step
         return answer

@@ -126,11 +126,17 @@ def serve_command(
     return args + list(serve.extra_args)
 
 
-def serve_env(serve: VLLMServe, lora: bool) -> dict[str, str]:
-    """The server's environment: ours, runtime LoRA loading when LoRA is on, then serve.env."""
+def serve_env(serve: VLLMServe, lora: bool, worker_extension: str | None = None) -> dict[str, str]:
+    """The server's environment: ours, runtime LoRA loading when LoRA is on, for a grpokit worker
+    extension vLLM's /collective_rpc (VLLM_SERVER_DEV_MODE) and grpokit on PYTHONPATH (vLLM may live in
+    a venv of its own), then serve.env."""
     env = dict(os.environ)
     if lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if worker_extension is not None:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the grpokit package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return {**env, **{k: str(v) for k, v in serve.env.items()}}
 
 
@@ -220,10 +226,13 @@ def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, ser
         utilization = colocated_share(policy, seq_len)
         if utilization is not None:
             log.info("co-located: the trainer needs ~%.1f GiB (grpokit.memory); vLLM gets gpu_memory_utilization %s", policy_trainer_bytes(policy, seq_len)["total"] / GIB, utilization)
+    if worker_extension is not None and (serve.tensor_parallel_size, serve.data_parallel_size) != (1, 1):
+        raise ValueError("broadcast VLLMNCCLBroadcast joins one vLLM worker to the trainer's group: set inference.init_args.serve tensor_parallel_size and data_parallel_size to 1, or use FilesystemBroadcast (LoRA hot reload)")
     lora_rank = policy.lora.rank if policy.lora is not None else None
     command = serve_command(serve, resolve_model(policy.model_name), served_name, host, port, policy.dtype_name, lora_rank, utilization, worker_extension)
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    server = VLLMServer(command, serve_env(serve, lora="--enable-lora" in command), f"http://{probe}:{port}/v1", served_name, Path(run_dir) / serve.log_file)
+    env = serve_env(serve, lora="--enable-lora" in command, worker_extension=worker_extension)
+    server = VLLMServer(command, env, f"http://{probe}:{port}/v1", served_name, Path(run_dir) / serve.log_file)
     server.start()
     try:
         log.info("vLLM serves %s at %s after %.1fs", served_name, server.url, server.wait_ready(serve.startup_timeout))

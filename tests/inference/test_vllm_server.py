@@ -136,5 +136,5 @@ def group_gone(pgid: int, within: float) -> bool:
 def test_a_server_that_dies_while_starting_reports_its_log(tmp_path):
     server = VLLMServer([sys.executable, "-c", "print('bad flag --foo'); raise SystemExit(2)"], {}, "http://127.0.0.1:9/v1", "x", tmp_path / "log")
     server.start()
-    with pytest.raises(RuntimeError, match="exited with code 2 while starting.*bad flag --foo"):
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 2 while starting.*bad flag --foo"):
         server.wait_ready(timeout=30)

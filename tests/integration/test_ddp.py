@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from safetensors.torch import load_file
 
-from grpokit.callbacks import tensors_sha256
+from grpokit.checksums import tensors_sha256
 from grpokit.sweep.recording import export
 from grpokit.testing import tiny_fit_argv
 from grpokit.timeline import read_timeline

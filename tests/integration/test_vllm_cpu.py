@@ -5,6 +5,7 @@ Needs the separate venv of scripts/vllm_cpu_env.sh (its python in $GRPOKIT_VLLM_
 venv path); skipped without it. About 1 minute on 2 CPU cores, half of it vLLM's start-up.
 """
 
+import contextlib
 import csv
 import json
 import os
@@ -36,8 +37,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def vllm_server(tiny_model, tmp_path):
+@contextlib.contextmanager
+def grpokit_infer(tiny_model, tmp_path, *extra: str):
     """`grpokit infer` starting vLLM's OpenAI server on the tiny model (VLLMEngine's `serve`), with
     runtime LoRA loading; yields its /v1 URL, then stops it with SIGTERM and checks it stopped cleanly."""
     port = free_port()
@@ -47,7 +48,7 @@ def vllm_server(tiny_model, tmp_path):
         "--inference", "VLLMEngine", "--inference.init_args.model_name", SERVED,
         "--inference.init_args.serve.command", json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
         "--inference.init_args.serve.env", '{"VLLM_CPU_KVCACHE_SPACE": "1"}', "--inference.init_args.serve.max_model_len", "256",
-        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]',
+        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]', *extra,
     ]
     log_path, vllm_log = tmp_path / "infer.log", tmp_path / "server" / "vllm_server.log"
     start = time.monotonic()
@@ -69,6 +70,12 @@ def vllm_server(tiny_model, tmp_path):
         if infer.poll() is None:
             infer.kill()
             infer.wait(timeout=10)
+
+
+@pytest.fixture
+def vllm_server(tiny_model, tmp_path):
+    with grpokit_infer(tiny_model, tmp_path) as url:
+        yield url
 
 
 def wait_for_models(url: str, server: subprocess.Popen, log_path: Path, deadline: float) -> None:
@@ -131,3 +138,125 @@ def assert_adapter_changes_logprobs(url: str, tiny_model: str, adapter_dir: str)
     assert (base.policy_step, tuned.policy_step) == (0, STEPS)
     assert abs(base.logprobs[0] - tuned.logprobs[0]) > 1e-6 or base.token_ids != tuned.token_ids
     print("first-token logprob, base vs adapter of the last step:", base.logprobs[0], tuned.logprobs[0])
+
+
+# -- full weights and LoRA tensors over a gloo NCCLBroadcast group into vLLM's worker ----------------
+
+LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def perturbed(tiny_model: str, seed: int) -> dict:
+    """The tiny model's weights plus small noise: a stand-in for the trainer's weights after a step."""
+    import torch
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(seed)
+    return {k: (v + 0.01 * torch.randn(v.shape, generator=g)).contiguous() for k, v in load_file(Path(tiny_model) / "model.safetensors").items()}
+
+
+def random_adapter(seed: int) -> tuple[dict, dict]:
+    """A rank-4 peft adapter on q_proj and v_proj of the tiny model (2 layers; q out 64, v out 32)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for module, out in (("q_proj", 64), ("v_proj", 32)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = 0.1 * torch.randn(4, 64, generator=g)
+            tensors[f"{prefix}.lora_B.weight"] = 0.1 * torch.randn(out, 4, generator=g)
+    config = {"r": 4, "lora_alpha": 8, "target_modules": list(LORA_TARGETS), "peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none"}
+    return tensors, config
+
+
+def hf_logprobs(tiny_model: str, weights: dict, tokens: list[int], adapter_dir: str | None = None) -> list[float]:
+    """transformers' float32 logprobs of `tokens` after PROMPT under `weights` (and the adapter)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)
+    return [float(logprobs[len(PROMPT) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+PROMPT = [1, 2, 3, 4]
+
+
+def publish_and_poll(trainer, reader, update, after_step: int):
+    """Publish on the trainer (blocks until the worker has joined and received it) while polling."""
+    import threading
+
+    thread = threading.Thread(target=trainer.publish, args=(update,))
+    thread.start()
+    deadline = time.monotonic() + 120
+    got = None
+    while got is None and time.monotonic() < deadline:
+        got = reader.poll(after_step)
+        time.sleep(0.1)
+    thread.join(timeout=60)
+    assert got is not None, "vLLM's worker did not apply the update within 120 s"
+    return got
+
+
+def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
+    """Full weights, then a LoRA adapter, from the trainer's NCCLBroadcast (gloo) into vLLM's worker
+    extension: the bytes the worker received hash as the trainer's, every parameter vLLM keeps unpacked
+    is bit-identical, and vLLM's logprobs equal transformers' on the same weights."""
+    from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
+    from grpokit.checksums import tensors_sha256
+    from grpokit.inference import SamplingSettings
+    from grpokit.inference.vllm import VLLMEngine
+    from grpokit.types import WeightUpdate
+
+    store_port = free_port()
+    greedy = SamplingSettings(temperature=0.0, max_tokens=3)
+    nccl = ["--broadcast", "VLLMNCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(store_port)]
+    with grpokit_infer(tiny_model, tmp_path, *nccl) as url:
+        settings = {"port": store_port, "backend": "gloo", "base_url": url, "timeout": 120.0}
+        trainer, reader = VLLMNCCLBroadcast(**settings), VLLMNCCLBroadcast(**settings)
+        engine = VLLMEngine(url, model_name=SERVED)
+        engine.setup(tiny_model)
+        try:
+            weights = perturbed(tiny_model, seed=1)
+            start = time.monotonic()
+            update = publish_and_poll(trainer, reader, WeightUpdate(step=1, tensors=weights), after_step=0)
+            print(f"full weights applied in vLLM's worker {time.monotonic() - start:.2f}s after publish")
+            assert (update.step, update.in_engine, update.lora_config) == (1, True, None)
+            assert reader.last_applied["sha256"] == tensors_sha256(weights)
+            engine.load_weights(update)
+            [[full]] = engine.generate([PROMPT], 1, greedy)
+            assert full.policy_step == 1
+            assert full.logprobs == pytest.approx(hf_logprobs(tiny_model, weights, full.token_ids), abs=1e-5)
+            (vllm_sha,) = reader.collective_rpc("grpokit_parameters_sha256")
+            expected = {name: sha(weights[name.replace(".base_layer", "")]) for name in vllm_sha if vllm_sha[name] != EMPTY_SHA}
+            assert {name: vllm_sha[name] for name in expected} == expected
+            assert len(expected) >= 6  # embeddings, 4 layer norms, final norm; CPU vLLM packs the linear layers
+
+            tensors, config = random_adapter(seed=2)
+            update = publish_and_poll(trainer, reader, WeightUpdate(step=2, tensors=tensors, lora_config=config), after_step=1)
+            assert (update.step, update.lora_config) == (2, config) and reader.last_applied["sha256"] == tensors_sha256(tensors)
+            engine.load_weights(update)  # the adapter folder the worker wrote on the server's disk
+            [[lora]] = engine.generate([PROMPT], 1, greedy)
+            assert lora.policy_step == 2
+            assert lora.logprobs == pytest.approx(hf_logprobs(tiny_model, weights, lora.token_ids, update.path), abs=1e-4)
+            print("first-token logprob, full update vs + adapter:", full.logprobs[0], lora.logprobs[0])
+        finally:
+            trainer.close()
+
+
+EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # vLLM's CPU build empties packed weights
+
+
+def sha(t) -> str:
+    import hashlib
+
+    from grpokit.broadcast.nccl import as_bytes
+
+    return hashlib.sha256(as_bytes(t.contiguous()).numpy().tobytes()).hexdigest()
