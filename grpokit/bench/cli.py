@@ -12,7 +12,9 @@ import torch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="grpokit bench", description=__doc__)
+    import grpokit.bench
+
+    p = argparse.ArgumentParser(prog="grpokit bench", description=grpokit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     for name in ("generate", "train", "step"):
         s = sub.add_parser(name)
