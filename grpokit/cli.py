@@ -106,8 +106,8 @@ class GrpoCLI(LightningCLI):
             self._add_checkpointer(config)
             return
         engine: InferenceEngine = config["inference"]
-        check_engine_accepts_norms(engine, self.model.noise_scheduler)
         broadcast: WeightBroadcast = config["broadcast"]
+        check_engine_accepts_norms(engine, self.model.noise_scheduler, broadcast)
         broadcast.setup(self.run_dir)
         self._discard_stale_weights(broadcast)
         engine.setup(self.model.model_name)

@@ -79,12 +79,13 @@ def apply_norm_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor])
         params[name].copy_(t)
 
 
-def check_engine_accepts_norms(engine, scheduler) -> None:
-    """Fail at start when noise is on and the engine cannot load norm weights (e.g. vLLM's LoRA hot reload)."""
-    if scheduler is None or not scheduler.enabled or getattr(engine, "applies_norm_weights", False):
+def check_engine_accepts_norms(engine, scheduler, broadcast=None) -> None:
+    """Fail at start when noise is on and neither the engine nor the broadcast loads norm weights (e.g.
+    vLLM's LoRA hot reload from the filesystem broadcast; VLLMNCCLBroadcast loads them in vLLM's worker)."""
+    if scheduler is None or not scheduler.enabled or getattr(engine, "applies_norm_weights", False) or getattr(broadcast, "applies_norm_weights", False):
         return
     raise ValueError(
         f"model.noise_scheduler ({type(scheduler).__name__}) is enabled, but inference: {type(engine).__name__} cannot load "
         "the noisy norm weights it needs (vLLM's runtime LoRA loading takes adapter weights only). Use inference: BuiltinEngine "
-        "(or grpokit infer), or set model.noise_scheduler: null"
+        "(or grpokit infer), send the weights into vLLM's worker with broadcast: VLLMNCCLBroadcast, or set model.noise_scheduler: null"
     )

@@ -49,8 +49,8 @@ def infer(cli) -> int:
     if getattr(config["inference"], "serve", None) is not None:  # VLLMEngine with `serve`: vLLM is the server
         return infer_vllm(cli, config["inference"], settings)
     engine = settings.engine or BuiltinEngine()
-    check_engine_accepts_norms(engine, cli.model.noise_scheduler)
     broadcast = config["broadcast"]
+    check_engine_accepts_norms(engine, cli.model.noise_scheduler, broadcast)
     broadcast.setup(cli.run_dir)
     engine.setup(cli.model.model_name)
     log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run_dir)
@@ -96,8 +96,8 @@ def orchestrate(cli) -> int:
     """Produce the batches of every step in this process (the engine is the recipe's `inference`)."""
     config = cli.config_init
     engine: InferenceEngine = config["inference"]
-    check_engine_accepts_norms(engine, cli.model.noise_scheduler)
     broadcast = config["broadcast"]
+    check_engine_accepts_norms(engine, cli.model.noise_scheduler, broadcast)
     broadcast.setup(cli.run_dir)
     engine.setup(cli.model.model_name)
     data = cli.datamodule

@@ -4,6 +4,8 @@ reproducible per (seed, step), loaded into an engine's model, and refused for en
 import pytest
 import torch
 
+from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.vllm import VLLMEngine
 from grpokit.norm_noise import apply_norm_weights, check_engine_accepts_norms, noisy_norms, norm_weights
@@ -94,5 +96,11 @@ def test_vllm_is_refused_at_start_when_noise_is_on():
     check_engine_accepts_norms(BuiltinEngine(device="cpu"), QeRL())
     check_engine_accepts_norms(VLLMEngine(), None)
     check_engine_accepts_norms(VLLMEngine(), QeRL(enabled=False))
-    with pytest.raises(ValueError, match="model.noise_scheduler .*VLLMEngine.*BuiltinEngine"):
+    with pytest.raises(ValueError, match="model.noise_scheduler .*VLLMEngine.*BuiltinEngine.*VLLMNCCLBroadcast"):
         check_engine_accepts_norms(VLLMEngine(), QeRL())
+    with pytest.raises(ValueError, match="model.noise_scheduler"):  # LoRA hot reload from the filesystem broadcast
+        check_engine_accepts_norms(VLLMEngine(), QeRL(), FilesystemBroadcast())
+
+
+def test_vllm_is_accepted_when_its_worker_receives_the_weights():
+    check_engine_accepts_norms(VLLMEngine(), QeRL(), VLLMNCCLBroadcast(backend="gloo"))  # the worker loads the norms

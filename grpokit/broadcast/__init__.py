@@ -15,9 +15,13 @@ class WeightBroadcast(ABC):
     """Contract: `publish(update)` makes step `update.step` visible whole; `poll(after_step)` returns the
     newest complete update with a step greater than `after_step`, or None. `poll` never blocks and
     never returns a partially written update. `setup(run_dir)` is called once per process first.
+
+    `applies_norm_weights`: the broadcast itself puts `update.norm_tensors` (QeRL's noisy RMSNorm weights)
+    into the engine's model (VLLMNCCLBroadcast, into vLLM's worker), so the engine need not load them.
     """
 
     run_dir: Path
+    applies_norm_weights: bool = False
 
     def setup(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)

@@ -35,6 +35,7 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
     """NCCL (or gloo) weights from the trainer straight into a vLLM server's worker."""
 
     vllm_worker_extension = WORKER_EXTENSION  # `grpokit infer` starts vLLM with it
+    applies_norm_weights = True  # the worker loads QeRL's noisy norms into vLLM's model with each update
 
     def __init__(
         self,

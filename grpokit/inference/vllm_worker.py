@@ -11,9 +11,12 @@ VLLMNCCLBroadcast calls them through vLLM's `POST /collective_rpc` (served with 
   worker's main thread (collective_rpc runs between engine steps). Full weights go through the model's
   own `load_weights` inside vLLM's layerwise reload, as vLLM's NCCL weight transfer does, then vLLM's
   LoRA state is reset; a LoRA update is written as a peft adapter folder on the server's disk
-  (`adapter_dir/step_N`) for `/v1/load_lora_adapter`, so no shared filesystem is needed. Returns
-  {"step", "lora_path", "lora_config", "sha256" of the received tensors}, or {"step": null, "receiving"}
-  when nothing newer has arrived.
+  (`adapter_dir/step_N`) for `/v1/load_lora_adapter`, so no shared filesystem is needed. QeRL's noisy
+  RMSNorm weights (`update.norm_tensors`, grpokit.norm_noise) go into vLLM's own norm parameters in both
+  modes: loaded with the full weights in the same reload, where they replace the clean norms, or, with a
+  LoRA update, by the model's `load_weights` with just those tensors (the adapter goes the LoRA way).
+  Returns {"step", "lora_path", "lora_config", "sha256" of the received tensors, "norms_sha256" of the
+  received norms (null without)}, or {"step": null, "receiving"} when nothing newer has arrived.
 - `grpokit_parameters_sha256()`: the sha256 of each of vLLM's parameters (its own, fused, layout).
 
 This module is imported inside vLLM's process, so it needs only torch, safetensors and grpokit's
@@ -66,13 +69,13 @@ class NCCLWeightReceiver:
             update = None
         if update is None:
             return {"step": None, "receiving": receiver.receiving}
-        if update.norm_tensors:
-            raise ValueError("QeRL noisy norms are not applied by the vLLM worker extension: turn model.noise_scheduler off with vLLM")
         received = tensors_sha256(update.tensors)  # what arrived, for checks against the trainer's
+        norms = tensors_sha256(update.norm_tensors) if update.norm_tensors else None
         if update.lora_config is not None:
-            return {"step": update.step, "lora_path": self._grpokit_write_adapter(update), "lora_config": update.lora_config, "sha256": received}
-        self._grpokit_load_full(update.tensors)
-        return {"step": update.step, "lora_path": None, "lora_config": None, "sha256": received}
+            self._grpokit_load_norms(update.norm_tensors)
+            return {"step": update.step, "lora_path": self._grpokit_write_adapter(update), "lora_config": update.lora_config, "sha256": received, "norms_sha256": norms}
+        self._grpokit_load_full({**update.tensors, **update.norm_tensors})  # the noisy norms replace the clean ones
+        return {"step": update.step, "lora_path": None, "lora_config": None, "sha256": received, "norms_sha256": norms}
 
     def grpokit_parameters_sha256(self) -> dict:
         """{name: sha256 of the raw bytes} of every parameter of vLLM's model."""
@@ -89,6 +92,18 @@ class NCCLWeightReceiver:
         _reprocess_tied(model)
         if hasattr(self.model_runner, "reset_lora_state"):  # cached LoRA state refers to the old base
             self.model_runner.reset_lora_state()
+
+    def _grpokit_load_norms(self, norms: dict[str, torch.Tensor]) -> None:
+        """Copy QeRL's noisy norms (base-model names, which vLLM's Llama-family models keep for their
+        RMSNorms) into the base model by its own `load_weights`, converting to vLLM's dtype. No layerwise
+        reload: a norm's weight is used as stored, and a reload of a few layers would warn about every
+        other one. The LoRA layers are not touched; the step's adapter is loaded through vLLM's LoRA path."""
+        if not norms:
+            return
+        loaded = self.model_runner.get_model().load_weights(weights=iter(norms.items()))
+        missing = sorted(set(norms) - set(loaded or ()))
+        if missing:
+            raise ValueError(f"vLLM's model did not load the noisy norm weights {missing[:5]}: trainer and server must serve the same model.model (or turn model.noise_scheduler off)")
 
     def _grpokit_write_adapter(self, update) -> str:
         folder = self._grpokit_adapters / f"step_{update.step}"

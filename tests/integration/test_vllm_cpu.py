@@ -208,13 +208,15 @@ def publish_and_poll(trainer, reader, update, after_step: int):
 
 def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
     """Full weights, then a LoRA adapter, from the trainer's NCCLBroadcast (gloo) into vLLM's worker
-    extension: the bytes the worker received hash as the trainer's, every parameter vLLM keeps unpacked
-    is bit-identical, and vLLM's logprobs equal transformers' on the same weights. Then a 3-step full
-    fine-tuning `grpokit fit` over the same path: engine and trainer logprobs agree at every step."""
+    extension, each with QeRL noisy norms: the bytes the worker received hash as the trainer's, every
+    parameter vLLM keeps unpacked is bit-identical (its RMSNorm weights to the noisy norms sent, float32
+    here like the tiny model), and vLLM's logprobs equal transformers' on the same weights. Then a 3-step
+    full fine-tuning `grpokit fit` over the same path: engine and trainer logprobs agree at every step."""
     from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
     from grpokit.checksums import tensors_sha256
     from grpokit.inference import SamplingSettings
     from grpokit.inference.vllm import VLLMEngine
+    from grpokit.norm_noise import noisy_norms
     from grpokit.types import WeightUpdate
 
     store_port = free_port()
@@ -227,27 +229,28 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
         engine.setup(tiny_model)
         try:
             weights = perturbed(tiny_model, seed=1)
+            clean_norms = {k: v for k, v in weights.items() if k.endswith("norm.weight")}  # 2 x 2 layer norms, model.norm
+            norms_1, norms_2 = (noisy_norms(clean_norms, sigma=0.05, seed=0, step=s) for s in (1, 2))
             start = time.monotonic()
-            update = publish_and_poll(trainer, reader, WeightUpdate(step=1, tensors=weights), after_step=0)
+            update = publish_and_poll(trainer, reader, WeightUpdate(step=1, tensors=weights, norm_tensors=norms_1), after_step=0)
             print(f"full weights applied in vLLM's worker {time.monotonic() - start:.2f}s after publish")
             assert (update.step, update.in_engine, update.lora_config) == (1, True, None)
-            assert reader.last_applied["sha256"] == tensors_sha256(weights)
+            assert (reader.last_applied["sha256"], reader.last_applied["norms_sha256"]) == (tensors_sha256(weights), tensors_sha256(norms_1))
             engine.load_weights(update)
             [[full]] = engine.generate([PROMPT], 1, greedy)
             assert full.policy_step == 1
-            assert full.logprobs == pytest.approx(hf_logprobs(tiny_model, weights, full.token_ids), abs=1e-5)
-            (vllm_sha,) = reader.collective_rpc("grpokit_parameters_sha256")
-            expected = {name: sha(weights[name.replace(".base_layer", "")]) for name in vllm_sha if vllm_sha[name] != EMPTY_SHA}
-            assert {name: vllm_sha[name] for name in expected} == expected
-            assert len(expected) >= 6  # embeddings, 4 layer norms, final norm; CPU vLLM packs the linear layers
+            assert full.logprobs == pytest.approx(hf_logprobs(tiny_model, {**weights, **norms_1}, full.token_ids), abs=1e-5)
+            assert_vllm_parameters(reader, {**weights, **norms_1}, norms_1)
 
             tensors, config = random_adapter(seed=2)
-            update = publish_and_poll(trainer, reader, WeightUpdate(step=2, tensors=tensors, lora_config=config), after_step=1)
+            update = publish_and_poll(trainer, reader, WeightUpdate(step=2, tensors=tensors, lora_config=config, norm_tensors=norms_2), after_step=1)
             assert (update.step, update.lora_config) == (2, config) and reader.last_applied["sha256"] == tensors_sha256(tensors)
+            assert reader.last_applied["norms_sha256"] == tensors_sha256(norms_2)
+            assert_vllm_parameters(reader, {**weights, **norms_2}, norms_2)  # new noise in the base, the rest unchanged
             engine.load_weights(update)  # the adapter folder the worker wrote on the server's disk
             [[lora]] = engine.generate([PROMPT], 1, greedy)
             assert lora.policy_step == 2
-            assert lora.logprobs == pytest.approx(hf_logprobs(tiny_model, weights, lora.token_ids, update.path), abs=1e-4)
+            assert lora.logprobs == pytest.approx(hf_logprobs(tiny_model, {**weights, **norms_2}, lora.token_ids, update.path), abs=1e-4)
             print("first-token logprob, full update vs + adapter:", full.logprobs[0], lora.logprobs[0])
         finally:
             trainer.close()
@@ -261,6 +264,16 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
         assert [int(r["step"]) for r in steps] == list(range(STEPS)) and all(1.0 <= e < 1.001 for e in errors)
         samples = [json.loads(line) for line in open(run / "samples.jsonl")]
         assert all(s["policy_step"] == s["step"] for s in samples)  # each step sampled with that step's weights
+
+
+def assert_vllm_parameters(reader, weights: dict, norms: dict) -> None:
+    """Every parameter vLLM keeps unpacked is bit-identical to `weights` (its base-model name: LoRA-wrapped
+    layers add `.base_layer`), its RMSNorm weights among them, equal to the noisy `norms` sent."""
+    (vllm_sha,) = reader.collective_rpc("grpokit_parameters_sha256")
+    expected = {name: sha(weights[name.replace(".base_layer", "")]) for name in vllm_sha if vllm_sha[name] != EMPTY_SHA}
+    assert {name: vllm_sha[name] for name in expected} == expected
+    assert len(expected) >= 6  # embeddings, 4 layer norms, final norm; CPU vLLM packs the linear layers
+    assert {name: vllm_sha[name] for name in norms} == {name: sha(t) for name, t in norms.items()}
 
 
 def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_port: int) -> Path:
