@@ -19,23 +19,37 @@ class WeightSync(L.Callback):
     step n trains on the batch for step n. Publishing at on_train_start works because Policy takes
     the dataloader iterator, so Lightning fetches no batch before it (the first batch needs them).
     With several trainer ranks (DDP) only global rank 0 publishes.
+
+    A run that ends at max_steps always leaves the final step's weights published: a process killed
+    after writing its last checkpoint but before publishing resumes at max_steps, where Lightning runs
+    no training hooks at all, so teardown publishes them.
     """
 
     def __init__(self, broadcast: WeightBroadcast) -> None:
         self.broadcast = broadcast
+        self.published_step = -1
+
+    def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+        self.published_step = trainer.global_step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:  # DDP ranks hold identical weights; rank 0 speaks for them
-            self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+            self._publish(trainer, pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.broadcast.close()  # frees sockets, process groups or shared-memory segments
+        try:
+            ended = stage == "fit" and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+            if ended and trainer.is_global_zero and self.published_step < trainer.global_step:
+                self._publish(trainer, pl_module)
+        finally:
+            self.broadcast.close()  # frees sockets, process groups or shared-memory segments
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         if not trainer.is_global_zero:
             return
         start = time.perf_counter()
-        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+        self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
 
 
