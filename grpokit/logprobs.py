@@ -98,11 +98,11 @@ def packed_token_logprobs(
     (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     """
+    from grpokit.models import unwrap_peft
     from grpokit.varlen import NAME as VARLEN
 
-    lm = model.get_base_model() if hasattr(model, "peft_config") else model
+    lm = unwrap_peft(model)
     seq_lens_N = seq_lens_N.to(input_ids_T.device)
-    kwargs = {}
     if getattr(lm.config, "_attn_implementation", None) == VARLEN:
         cu_N1 = torch.cat([seq_lens_N.new_zeros(1), seq_lens_N.cumsum(0)]).to(torch.int32)
         max_len = int(seq_lens_N.max())
@@ -110,23 +110,20 @@ def packed_token_logprobs(
     else:
         dtype = next(model.parameters()).dtype
         kwargs = {"attention_mask": packed_attention_mask(seq_lens_N, dtype if dtype.is_floating_point else torch.float32)}
-    logprobs_T = torch.zeros(input_ids_T.shape, dtype=torch.float32, device=input_ids_T.device)
     starts_T = position_ids_T[1:] == 0
+
+    def aligned(predicted_T: torch.Tensor) -> torch.Tensor:
+        """Token t is predicted at t-1; a sequence's first token (position 0) has no prediction: 0."""
+        return torch.cat([predicted_T.new_zeros(1), torch.where(starts_T, torch.zeros_like(predicted_T), predicted_T)])
+
     if chunk_size > 0 and _supports_chunking(lm):
         hidden_TH = lm.model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).last_hidden_state[0]
         out = chunked_logprobs(lm.get_output_embeddings(), hidden_TH[:-1], input_ids_T[1:], temperature, chunk_size, with_entropy, compile)
-        predicted, entropy = out if with_entropy else (out, None)
-        logprobs_T = torch.cat([logprobs_T[:1], torch.where(starts_T, torch.zeros_like(predicted), predicted)])
-        if not with_entropy:
-            return logprobs_T
-        return logprobs_T, torch.cat([entropy.new_zeros(1), torch.where(starts_T, torch.zeros_like(entropy), entropy)])
+        return (aligned(out[0]), aligned(out[1])) if with_entropy else aligned(out)
     logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).logits[0]
-    # token t is predicted by the logits at t-1; at a sequence start (position 0) there is no prediction.
     scaled_TV = logits_TV[:-1] / temperature
-    predicted = selective_logprobs(scaled_TV, input_ids_T[1:])
-    logprobs_T = torch.cat([logprobs_T[:1], torch.where(starts_T, torch.zeros_like(predicted), predicted)])
+    logprobs_T = aligned(selective_logprobs(scaled_TV, input_ids_T[1:]))
     if not with_entropy:
         return logprobs_T
     scaled_TV = scaled_TV.float()
-    entropy = torch.logsumexp(scaled_TV, -1) - (torch.softmax(scaled_TV, -1) * scaled_TV).sum(-1)
-    return logprobs_T, torch.cat([entropy.new_zeros(1), torch.where(starts_T, torch.zeros_like(entropy), entropy)])
+    return logprobs_T, aligned(torch.logsumexp(scaled_TV, -1) - (torch.softmax(scaled_TV, -1) * scaled_TV).sum(-1))

@@ -116,6 +116,11 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtypes[name]
 
 
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under a peft wrapper (whose modules carry the injected LoRA layers), or the model itself."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> int:
     """torch.compile each decoder layer in place (regional compilation); return how many were compiled.
 
@@ -124,7 +129,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     working. What it buys: the layer's elementwise work (RMSNorm casts, rotary embeddings, SiLU, LoRA
     scaling, residual adds) fused into a few kernels; measured in docs/benchmarks.md.
     """
-    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    base = unwrap_peft(model)
     layers = getattr(getattr(base, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"model.compile: {type(base).__name__} has no model.layers to compile; set model.compile: false")

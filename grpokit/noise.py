@@ -26,3 +26,12 @@ def stage_of(step: int, max_steps: int, num_stages: int) -> int:
     """The stage of `step` when max_steps is cut into num_stages equal intervals: floor(step * K / max_steps),
     clamped to K - 1 (the weights published after the last step belong to the last stage)."""
     return min(max(step, 0) * num_stages // max(max_steps, 1), num_stages - 1)
+
+
+def noisy_stage_progress(step: int, max_steps: int, num_stages: int) -> float | None:
+    """Where `step` lies among the noisy stages 1..K-1: None in the noise-free stage 0, else
+    (k - 1) / (K - 2) in [0, 1] (0 when K = 2). Staged schedules decay sigma along this fraction."""
+    k = stage_of(step, max_steps, num_stages)
+    if k == 0:
+        return None
+    return 0.0 if num_stages == 2 else (k - 1) / (num_stages - 2)

@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from grpokit.models import unwrap_peft
+
 NOISE_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: distinct (seed, step) pairs get distinct generator seeds
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The model under a peft wrapper, or the model itself."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def norm_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weight of every RMSNorm module of `model` (base-model names), as the live parameters."""
-    base = base_model(model)
+    base = unwrap_peft(model)
     return {
         f"{name}.weight" if name else "weight": module.weight
         for name, module in base.named_modules()
@@ -69,7 +66,7 @@ def apply_norm_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor])
     The engine side of the noise: BuiltinEngine.load_weights calls it after loading the update's
     adapter or full weights; any engine holding a torch copy of the model can do the same.
     """
-    params = dict(base_model(model).named_parameters())
+    params = dict(unwrap_peft(model).named_parameters())
     missing = sorted(set(tensors) - set(params))
     if missing:
         raise ValueError(f"noisy norm weights name parameters the engine's model lacks: {missing[:5]} (trainer and engine must load the same model.model)")

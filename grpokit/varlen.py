@@ -67,7 +67,9 @@ def register() -> str:
 def use_varlen(model: torch.nn.Module) -> None:
     """Switch `model` (and a peft wrapper's base) to the varlen backend."""
     register()
-    target = model.get_base_model() if hasattr(model, "peft_config") else model
+    from grpokit.models import unwrap_peft
+
+    target = unwrap_peft(model)
     if hasattr(target, "set_attn_implementation"):
         target.set_attn_implementation(NAME)
     else:

@@ -99,12 +99,11 @@ class BuiltinEngine(InferenceEngine):
         if self.fast:
             with self._own_stream():
                 results = generate_continuous(self._runner(flat, sampling), flat, sampling, self.stop_token_ids, generator, self.tokenizer.decode)
-            completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
-            return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
-        results = []
-        for start in range(0, len(flat), self.max_batch_size):
-            chunk = flat[start : start + self.max_batch_size]
-            results += sample(self.model, chunk, sampling, self.stop_token_ids, self.tokenizer.pad_token_id, generator, self.tokenizer.decode)
+        else:
+            results = []
+            for start in range(0, len(flat), self.max_batch_size):
+                chunk = flat[start : start + self.max_batch_size]
+                results += sample(self.model, chunk, sampling, self.stop_token_ids, self.tokenizer.pad_token_id, generator, self.tokenizer.decode)
         completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 

@@ -7,7 +7,7 @@ with K = num_stages equal intervals of max_steps and stage k = floor(step * K / 
 
 from __future__ import annotations
 
-from grpokit.noise import NoiseScheduler, stage_of
+from grpokit.noise import NoiseScheduler, noisy_stage_progress
 
 
 class LinearNoise(NoiseScheduler):
@@ -28,9 +28,7 @@ class LinearNoise(NoiseScheduler):
         self.enabled, self.sigma_start, self.sigma_end, self.num_stages = enabled, sigma_start, sigma_end, num_stages
 
     def sigma(self, step: int, max_steps: int) -> float:
-        k = stage_of(step, max_steps, self.num_stages)
-        if not self.enabled or k == 0:
+        progress = noisy_stage_progress(step, max_steps, self.num_stages)
+        if not self.enabled or progress is None:
             return 0.0
-        if self.num_stages == 2:
-            return self.sigma_start
-        return self.sigma_start + (self.sigma_end - self.sigma_start) * (k - 1) / (self.num_stages - 2)
+        return self.sigma_start + (self.sigma_end - self.sigma_start) * progress

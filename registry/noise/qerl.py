@@ -19,7 +19,7 @@ base, so stage 0 has no noise at all rather than NVFP4's quantization noise.
 
 from __future__ import annotations
 
-from grpokit.noise import NoiseScheduler, stage_of
+from grpokit.noise import NoiseScheduler, noisy_stage_progress
 
 
 class QeRL(NoiseScheduler):
@@ -40,9 +40,7 @@ class QeRL(NoiseScheduler):
         self.enabled, self.sigma_start, self.sigma_end, self.num_stages = enabled, sigma_start, sigma_end, num_stages
 
     def sigma(self, step: int, max_steps: int) -> float:
-        k = stage_of(step, max_steps, self.num_stages)
-        if not self.enabled or k == 0:
+        progress = noisy_stage_progress(step, max_steps, self.num_stages)
+        if not self.enabled or progress is None:
             return 0.0
-        if self.num_stages == 2:
-            return self.sigma_start
-        return self.sigma_start * (self.sigma_end / self.sigma_start) ** ((k - 1) / (self.num_stages - 2))
+        return self.sigma_start * (self.sigma_end / self.sigma_start) ** progress

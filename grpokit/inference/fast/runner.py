@@ -25,18 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.inference.fast.kernels import Kernels, qk_norm_rope
+from grpokit.models import unwrap_peft
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-LENGTH_BUCKET = 128
+LENGTH_BUCKET = 128  # decode attention reads the cache up to a multiple of this
 # decoder layers of these transformers model types are Llama-shaped with Llama's RMSNorm (weight * x_hat)
-SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}  # decode attention reads the cache up to a multiple of this
-
-
-def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
-    """The *ForCausalLM inside a peft wrapper (or the model itself)."""
-    if hasattr(model, "peft_config"):
-        return model.get_base_model()
-    return model
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def check_supported(causal_lm: torch.nn.Module) -> None:
@@ -83,7 +77,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, use_cuda_graphs: bool, compile: bool = False) -> None:
         self.model = model
-        lm = unwrap_causal_lm(model)
+        lm = unwrap_peft(model)
         check_supported(lm)
         self.lm, self.core = lm, lm.model
         config = lm.config
@@ -141,13 +135,23 @@ class ModelRunner:
         self.graph_pool = None
 
     # ----------------------------------------------------------------------------------------- layers
-    def _qkv(self, attn, x: torch.Tensor, shape: tuple[int, ...]):
-        q = attn.q_proj(x).view(*shape, self.num_heads, self.head_dim)
-        k = attn.k_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
-        v = attn.v_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        return q, k, v
+    def _qkv(self, i: int, x: torch.Tensor, shape: tuple[int, ...]):
+        """Layer i's q, k, v of x [*shape, hidden] as [*shape, heads, head_dim], before q/k norms and
+        RoPE: one matrix product over the fused weights, or the (possibly LoRA-wrapped) modules."""
+        attn, fused = self.core.layers[i].self_attn, self.fused[i]
+        if fused is None:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            qkv = F.linear(x, fused[0], fused[1])
+            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        return tuple(t.view(*shape, n, self.head_dim) for t, n in zip((q, k, v), heads))
+
+    @staticmethod
+    def _qk_norm_weights(attn) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Qwen3's per-head q/k RMSNorm weights, or (None, None)."""
+        return (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else (None, None)
 
     def _mlp_residual(self, layer, h: torch.Tensor) -> torch.Tensor:
         return h + layer.mlp(layer.post_attention_layernorm(h))
@@ -168,8 +172,8 @@ class ModelRunner:
         h = self.core.embed_tokens(ids_NP)
         for i, layer in enumerate(self.core.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(h), (n, p))  # [N, P, H, D], q/k normed
-            q, k = qk_norm_rope(q, k, cos, sin, None, None, self.norm_eps)
+            q, k, v = self._qkv(i, layer.input_layernorm(h), (n, p))  # [N, P, H, D]
+            q, k = qk_norm_rope(q, k, cos, sin, *self._qk_norm_weights(attn), self.norm_eps)
             self.k_cache[i, slots_N, :, :p] = k.transpose(1, 2)
             self.v_cache[i, slots_N, :, :p] = v.transpose(1, 2)
             out = F.scaled_dot_product_attention(
@@ -197,18 +201,8 @@ class ModelRunner:
         x = kn.rms_norm(h, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             attn, fused = layer.self_attn, self.fused[i]
-            if fused is not None:
-                nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-                qkv = F.linear(x, fused[0], fused[1])
-                q = qkv[:, :nq].view(b, self.num_heads, self.head_dim)
-                k = qkv[:, nq : nq + nk].view(b, self.num_kv_heads, self.head_dim)
-                v = qkv[:, nq + nk :].view(b, self.num_kv_heads, self.head_dim)
-            else:
-                q = attn.q_proj(x).view(b, self.num_heads, self.head_dim)
-                k = attn.k_proj(x).view(b, self.num_kv_heads, self.head_dim)
-                v = attn.v_proj(x).view(b, self.num_kv_heads, self.head_dim)
-            qn = (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else (None, None)
-            q, k = kn.qk_norm_rope(q, k, cos, sin, qn[0], qn[1], eps)
+            q, k, v = self._qkv(i, x, (b,))  # [B, H, D]
+            q, k = kn.qk_norm_rope(q, k, cos, sin, *self._qk_norm_weights(attn), eps)
             self.k_cache[i, rows_B, :, positions_B] = k
             self.v_cache[i, rows_B, :, positions_B] = v
             out = kn.decode_attention(q, self.k_cache[i, :b, :, :s], self.v_cache[i, :b, :, :s], visible_BS, self.scaling)
