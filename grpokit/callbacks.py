@@ -18,7 +18,8 @@ class WeightSync(L.Callback):
     Step numbering: the weights published as step n have seen n optimizer steps, and the trainer's
     step n trains on the batch for step n. Publishing at on_train_start works because Policy takes
     the dataloader iterator, so Lightning fetches no batch before it (the first batch needs them).
-    With several trainer ranks (DDP) only global rank 0 publishes.
+    With several trainer ranks only global rank 0 publishes; under FSDP2 every rank first joins the
+    gather of the full weights (Policy.weight_update).
 
     A run that ends at max_steps always leaves the final step's weights published: a process killed
     after writing its last checkpoint but before publishing resumes at max_steps, where Lightning runs
@@ -30,24 +31,26 @@ class WeightSync(L.Callback):
         self.published_step = -1
 
     def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.broadcast.publish(pl_module.weight_update(trainer.global_step))
+        """Publish the current weights from rank 0 (DDP ranks hold identical weights; rank 0 speaks for
+        them). Sharded weights are gathered first, which every rank joins."""
+        if trainer.is_global_zero or getattr(pl_module, "sharded", False):
+            update = pl_module.weight_update(trainer.global_step)
+            if trainer.is_global_zero:
+                self.broadcast.publish(update)
         self.published_step = trainer.global_step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero:  # DDP ranks hold identical weights; rank 0 speaks for them
-            self._publish(trainer, pl_module)
+        self._publish(trainer, pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         try:
             ended = stage == "fit" and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
-            if ended and trainer.is_global_zero and self.published_step < trainer.global_step:
+            if ended and self.published_step < trainer.global_step:
                 self._publish(trainer, pl_module)
         finally:
             self.broadcast.close()  # frees sockets, process groups or shared-memory segments
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if not trainer.is_global_zero:
-            return
         start = time.perf_counter()
         self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
@@ -58,14 +61,18 @@ class RankChecksums(L.Callback):
     `{run_dir}/rank_checksums/rank_{R}.jsonl` with {"step", "rank", "sha256"} lines.
 
     A check that DDP ranks stay identical (they must: every rank applies the same all-reduced gradient),
-    and that what rank 0 publishes is what every rank trains. Add it with
+    and that what rank 0 publishes is what every rank trains. Under FSDP2 each rank holds a shard, so
+    only rank 0 writes (the gathered weights it publishes). Add it with
     `--trainer.callbacks+=grpokit.callbacks.RankChecksums`; it costs one copy of the trainable weights
     per step.
     """
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
-        line = json.dumps({"step": step, "rank": trainer.global_rank, "sha256": tensors_sha256(pl_module.weight_update(step).tensors)})
+        tensors = pl_module.weight_update(step).tensors
+        if getattr(pl_module, "sharded", False) and not trainer.is_global_zero:
+            return
+        line = json.dumps({"step": step, "rank": trainer.global_rank, "sha256": tensors_sha256(tensors)})
         folder = Path(trainer.default_root_dir) / "rank_checksums"
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"rank_{trainer.global_rank}.jsonl", "a") as f:

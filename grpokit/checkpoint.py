@@ -109,9 +109,16 @@ class LoadWeights(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state = torch.load(self.path, map_location="cpu", weights_only=True)["state_dict"]
-        result = pl_module.load_state_dict(state, strict=False)
-        if result.unexpected_keys or not state:
-            raise ValueError(f"ckpt.skip_progress: {self.path} holds weights the model lacks ({result.unexpected_keys[:3]}): was it written with another model or LoRA setup?")
+        expected = dict(pl_module.named_parameters()).keys() | dict(pl_module.named_buffers()).keys()
+        unexpected = sorted(state.keys() - expected)
+        if unexpected or not state:
+            raise ValueError(f"ckpt.skip_progress: {self.path} holds weights the model lacks ({unexpected[:3]}): was it written with another model or LoRA setup?")
+        if getattr(pl_module, "sharded", False):  # FSDP2: every rank loads its shards of the full tensors
+            from grpokit.fsdp import load_full_state_dict
+
+            load_full_state_dict(pl_module, state)
+            return
+        pl_module.load_state_dict(state, strict=False)
 
 
 class Checkpointer(L.Callback):

@@ -16,6 +16,8 @@ Design, for a step with M micro-batches on W ranks:
 - The step's loss and per-micro-batch metrics are gathered from every rank (JSON bytes), so each rank's
   numerics guard takes the same decision and rank 0 logs the whole step.
 - Only rank 0 runs the engine and the orchestrator (`grpokit fit`) and publishes weights.
+- FSDP2 (`trainer.strategy: fsdp2`, grpokit.fsdp) follows the same plan; there every rank runs as many
+  micro-batches as the busiest one and joins the gather of the weights rank 0 publishes.
 """
 
 from __future__ import annotations
@@ -63,14 +65,22 @@ def share_batch(batch: TrainingBatch | None) -> TrainingBatch:
     return batch if batch is not None else decode_batch(raw)
 
 
-def rank_share(micro_batches: list[MicroBatch], rank: int, world: int) -> list[tuple[MicroBatch, bool]]:
-    """This rank's (micro-batch, counts) pairs: round-robin, or one zero-loss stand-in when none is left."""
-    mine = micro_batches[rank::world]
-    if mine or not micro_batches:
-        return [(mb, True) for mb in mine]
-    last = micro_batches[-1]
-    zeros_T = torch.zeros_like(last.loss_mask_T)
-    return [(replace(last, loss_mask_T=zeros_T, expert_mask_T=zeros_T, advantages_T=torch.zeros_like(last.advantages_T)), False)]
+def rank_share(micro_batches: list[MicroBatch], rank: int, world: int, equal: bool = False) -> list[tuple[MicroBatch, bool]]:
+    """This rank's (micro-batch, counts) pairs: round-robin, or one zero-loss stand-in when none is left.
+
+    `equal` (FSDP2, where every forward and backward is a collective): every rank gets ceil(M / W)
+    pairs, the short ones padded with zero-loss stand-ins."""
+    mine = [(mb, True) for mb in micro_batches[rank::world]]
+    if not micro_batches:
+        return mine
+    wanted = -(-len(micro_batches) // world) if equal else max(len(mine), 1)
+    return mine + [(zero_loss(micro_batches[-1]), False)] * (wanted - len(mine))
+
+
+def zero_loss(mb: MicroBatch) -> MicroBatch:
+    """`mb` with its loss mask, expert mask and advantages zeroed: its gradient is exactly 0."""
+    zeros_T = torch.zeros_like(mb.loss_mask_T)
+    return replace(mb, loss_mask_T=zeros_T, expert_mask_T=zeros_T, advantages_T=torch.zeros_like(mb.advantages_T))
 
 
 def all_gather_json(obj) -> list:
@@ -96,16 +106,23 @@ def gather_step(loss: float, metrics: list[dict[str, torch.Tensor]], weights: li
 
 def check_trainer_processes(trainer, run_name_given: bool) -> None:
     """Refuse a trainer spread over several processes in a way grpokit cannot run, naming the fix."""
-    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
+    strategy = trainer.strategy
+    if isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            "trainer.strategy fsdp (Lightning's FSDP1): use trainer.strategy: fsdp2, grpokit's FSDP2 strategy "
+            "(grpokit.fsdp; shards each decoder layer, runs on CUDA and on CPU)"
+        )
+    if isinstance(strategy, ModelParallelStrategy) and strategy._tensor_parallel_size not in (1, "auto"):
+        raise ValueError(f"trainer.strategy ModelParallelStrategy with tensor_parallel_size {strategy._tensor_parallel_size}: grpokit shards with FSDP2 only; use trainer.strategy: fsdp2")
     if trainer.world_size == 1:
         return
-    strategy = trainer.strategy
-    if not isinstance(strategy, DDPStrategy) or isinstance(strategy, DeepSpeedStrategy):
+    if not isinstance(strategy, (DDPStrategy, ModelParallelStrategy)) or isinstance(strategy, DeepSpeedStrategy):
         raise ValueError(
             f"trainer.strategy {type(strategy).__name__}: grpokit trains on several processes with DDP "
-            "(trainer.strategy: ddp). Sharded strategies (FSDP, DeepSpeed) would need every rank to join a gather of "
-            "the full weights before rank 0 publishes them, which grpokit does not do yet"
+            "(trainer.strategy: ddp; every rank holds the whole model) or FSDP2 (trainer.strategy: fsdp2; "
+            "each rank holds a shard). DeepSpeed is not supported"
         )
     if getattr(strategy, "_start_method", "popen") != "popen":
         raise ValueError(

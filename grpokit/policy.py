@@ -19,6 +19,7 @@ import lightning as L
 import torch
 
 from grpokit.distributed import gather_step, rank_and_world, rank_share
+from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
 from grpokit.logprobs import packed_token_logprobs
 from grpokit.guards import NonFiniteGuard
 from grpokit.loss import Loss, LossInputs
@@ -164,6 +165,23 @@ class Policy(L.LightningModule):
 
                 functorch_config.activation_memory_budget = self.activation_memory_budget
             compile_decoder_layers(self.lm)
+        if self._trainer is not None and is_fsdp(self.trainer.strategy):
+            self._shard(self.trainer.strategy.device_mesh)
+
+    def _shard(self, mesh) -> None:
+        """FSDP2 (trainer.strategy: fsdp2): each decoder layer and the root become FSDP units (grpokit.fsdp)."""
+        for key, value, why in (
+            ("model.quantization", self.quantization, "4-bit weights cannot be sharded by FSDP2 here"),
+            ("model.compile", self.compile_layers or None, "compiled layers under FSDP2 are not tested"),
+        ):
+            if value is not None:
+                raise ValueError(f"{key}: {value!r} with trainer.strategy fsdp2: {why}; unset {key} or use trainer.strategy: ddp")
+        shard_model(self.lm, mesh)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded over ranks (FSDP2): reading them whole is then a collective."""
+        return is_sharded(self.lm)
 
     def _on_cuda(self) -> bool:
         device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -204,14 +222,20 @@ class Policy(L.LightningModule):
 
     # ---- weights for the engine -------------------------------------------------------------------
     def weight_update(self, step: int) -> WeightUpdate:
-        """The current trainable weights as a WeightUpdate (the adapter only when LoRA is on)."""
+        """The current trainable weights as a WeightUpdate (the adapter only when LoRA is on).
+
+        Sharded (FSDP2), every rank must call it: full fine-tuning gathers the whole model onto rank 0's
+        CPU (the other ranks get an update without tensors; they never publish), LoRA gathers only the
+        adapter's shards, on every rank."""
         if self.lora is None:
-            return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in self.lm.state_dict().items()}, norm_tensors=self.noisy_norm_weights(step))
+            tensors = full_state_dict(self.lm) if self.sharded else {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
+            return WeightUpdate(step=step, tensors=tensors, norm_tensors=self.noisy_norm_weights(step))
         from peft import get_peft_model_state_dict
 
         config = self.lm.peft_config["default"]
         config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.lm).items()}
+        adapter = full_tensors({n: p.detach() for n, p in self.lm.named_parameters() if p.requires_grad}) if self.sharded else None
+        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.lm, state_dict=adapter).items()}
         return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step))
 
     def noise_sigma(self, step: int) -> float:
@@ -227,7 +251,8 @@ class Policy(L.LightningModule):
         if self.noise_scheduler is None or not self.noise_scheduler.enabled:
             return {}
         seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))  # the recipe's seed_everything (LightningCLI sets it)
-        return noisy_norms(norm_weights(self.lm), self.noise_sigma(step), seed, step)
+        clean = full_tensors(norm_weights(self.lm)) if self.sharded else norm_weights(self.lm)
+        return noisy_norms(clean, self.noise_sigma(step), seed, step)
 
     # ---- training ---------------------------------------------------------------------------------
     def training_step(self, dataloader_iter) -> None:
@@ -239,7 +264,7 @@ class Policy(L.LightningModule):
         opt, sched = self.optimizers(), self.lr_schedulers()
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
         rank, world = rank_and_world()  # several DDP ranks: each trains its share (grpokit.distributed)
-        share = rank_share(batch.micro_batches, rank, world)
+        share = rank_share(batch.micro_batches, rank, world, equal=self.sharded)  # FSDP2: every forward is a collective
         for i, (mb, counts) in enumerate(share):
             inputs = self.loss_inputs(mb, batch)
             loss, metrics = self.loss(inputs)
@@ -274,8 +299,11 @@ class Policy(L.LightningModule):
             record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
 
     def _gradient_sync(self, sync: bool):
-        """Under DDP, a context that skips the gradient all-reduce of a backward unless `sync` (no_sync
-        on all but a rank's last micro-batch); a no-op on one device."""
+        """A context that skips the gradient all-reduce (DDP's no_sync) or reduce-scatter (FSDP2) of a
+        backward unless `sync`, so each rank syncs once per step; a no-op on one device."""
+        if self.sharded:
+            self.lm.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
         block = getattr(self.trainer.strategy, "block_backward_sync", None) if self._trainer is not None else None
         return contextlib.nullcontext() if sync or block is None else block()
 
@@ -324,7 +352,8 @@ class Policy(L.LightningModule):
         if not params:
             return 0.0
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor over the shards
 
     def _log_step(self, step: int, logs: dict[str, float]) -> None:
         """One metrics row per step, straight to the loggers (Lightning's self.log would repeat values of

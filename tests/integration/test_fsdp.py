@@ -1,0 +1,71 @@
+"""`grpokit fit` with the trainer sharded over 2 processes by FSDP2 (`trainer.strategy: fsdp2`, gloo, CPU),
+full fine-tuning: rank 0 publishes the gathered weights every step, writes one full checkpoint file, and a
+single process resumed from that checkpoint trains the next step to the same weights.
+
+Each step has 3 micro-batches, so rank 1 trains 1 and a zero-loss stand-in beside rank 0's 2 (every FSDP
+forward and backward is a collective). The single-process resume loads the FSDP checkpoint (weights,
+AdamW moments, LR schedule) and trains step 2's kept batch again: its step-3 weights must equal the
+sharded run's up to float summation order, and so must the step's loss.
+"""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpokit.checksums import tensors_sha256
+from grpokit.testing import tiny_fit_argv
+from grpokit.transport.codec import decode_batch
+
+STEPS = 3
+KEEP_BATCHES = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}'
+COMMON = (
+    "--trainer.max_steps", str(STEPS), "--data.eval", "null", "--num_threads", "1", "--model.lora", "null",
+    "--data.transport", KEEP_BATCHES, "--ckpt.interval", "2", "--trainer.accelerator", "cpu",
+)
+
+
+def run(argv: list[str], log_path) -> None:
+    with open(log_path, "w") as log:
+        code = subprocess.run([sys.executable, "-m", "grpokit.cli", *argv], stdout=log, stderr=subprocess.STDOUT, timeout=400).returncode
+    assert code == 0, log_path.read_text()[-4000:]
+
+
+def loss_at(run_dir, step: int) -> float:
+    return next(float(r["loss"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r.get("loss") and int(r["step"]) == step)
+
+
+def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, tiny_model):
+    fsdp = ("--trainer.strategy", "fsdp2", "--trainer.devices", "2", "--trainer.callbacks+=grpokit.callbacks.RankChecksums")
+    run(tiny_fit_argv(tmp_path, tiny_model, "fsdp", *COMMON, *fsdp), tmp_path / "fsdp.log")
+    run_dir = tmp_path / "fsdp"
+    assert [len(decode_batch((run_dir / "rollouts" / f"step_{s}.safetensors").read_bytes()).micro_batches) for s in range(STEPS)] == [3] * STEPS
+
+    # rank 0 published the gathered full weights of every step; only it wrote checksums (ranks hold shards)
+    published = {s: load_file(run_dir / "broadcasts" / f"step_{s}" / "model.safetensors") for s in range(STEPS + 1)}
+    base = load_file(f"{tiny_model}/model.safetensors")
+    assert all(torch.equal(published[0][k], base[k]) for k in base)  # step 0: the model as loaded (+ the tied lm_head)
+    assert max(float((published[STEPS][k] - base[k]).abs().max()) for k in base) > 1e-4  # it trained every weight
+    lines = [json.loads(line) for line in (run_dir / "rank_checksums" / "rank_0.jsonl").read_text().splitlines()]
+    assert {line["step"]: line["sha256"] for line in lines} == {s: tensors_sha256(published[s]) for s in range(1, STEPS + 1)}
+    assert not (run_dir / "rank_checksums" / "rank_1.jsonl").exists()
+
+    # one checkpoint file per step (the full state, assembled on rank 0)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*")) == ["step_2.ckpt", "step_3.ckpt"]
+    state = torch.load(run_dir / "checkpoints" / "step_2.ckpt", map_location="cpu", weights_only=True)
+    assert sorted(state["state_dict"]) == sorted(f"lm.{k}" for k in base)  # the trainable weights (the tied head is the embedding)
+    assert len(state["optimizer_states"][0]["state"]) == len(base)  # AdamW moments of every weight
+
+    # one process resumed from the sharded run's step-2 checkpoint trains step 2's kept batch to the same weights
+    sharded_step3, sharded_loss = published[STEPS], loss_at(run_dir, 2)
+    single = tmp_path / "single"
+    shutil.copytree(run_dir, single)
+    run(tiny_fit_argv(tmp_path, tiny_model, "single", *COMMON, "--ckpt.resume_step", "2"), tmp_path / "single.log")
+    resumed = load_file(single / "broadcasts" / f"step_{STEPS}" / "model.safetensors")
+    assert max(float((resumed[k] - sharded_step3[k]).abs().max()) for k in base) < 1e-6
+    assert loss_at(single, 2) == pytest.approx(sharded_loss, rel=1e-5, abs=1e-7)
