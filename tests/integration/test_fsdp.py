@@ -6,10 +6,13 @@ Each step has 3 micro-batches, so rank 1 trains 1 and a zero-loss stand-in besid
 forward and backward is a collective). The single-process resume loads the FSDP checkpoint (weights,
 AdamW moments, LR schedule) and trains step 2's kept batch again: its step-3 weights must equal the
 sharded run's up to float summation order, and so must the step's loss.
+
+GRPOKIT_TEST_ACCELERATOR=gpu runs the same check on 2 GPUs over NCCL (bench/gpu_check_fsdp.sh).
 """
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +29,7 @@ STEPS = 3
 KEEP_BATCHES = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}'
 COMMON = (
     "--trainer.max_steps", str(STEPS), "--data.eval", "null", "--num_threads", "1", "--model.lora", "null",
-    "--data.transport", KEEP_BATCHES, "--ckpt.interval", "2", "--trainer.accelerator", "cpu",
+    "--data.transport", KEEP_BATCHES, "--ckpt.interval", "2", "--trainer.accelerator", os.environ.get("GRPOKIT_TEST_ACCELERATOR", "cpu"),
 )
 
 
