@@ -23,6 +23,7 @@ from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, ar
 from grpokit.components import clashes, components, discover
 from grpokit.distributed import check_trainer_processes
 from grpokit.inference import InferenceEngine
+from grpokit.inference.vllm_launch import start_for_fit
 from grpokit.models import load_tokenizer
 from grpokit.norm_noise import check_engine_accepts_norms
 from grpokit.orchestrator import Orchestrator
@@ -114,6 +115,9 @@ class GrpoCLI(LightningCLI):
         self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer)
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
+        vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself
+        if vllm is not None:
+            self.trainer.callbacks.append(vllm)  # last: it stops vLLM after WeightSync's final publish
         # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
         # them rather than sample those steps again with weights newer than the steps
         self.datamodule.start(first_unsent_step(self.datamodule, self.start_step) if self.start_step else None)

@@ -177,6 +177,21 @@ def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
             assert torch.equal(getattr(x, name), getattr(y, name)), name
 
 
+def process_group_gone(pgid: int, within: float) -> bool:
+    """True once no process of the group `pgid` is left, waiting up to `within` seconds (a killed worker
+    may linger as a zombie until reaped)."""
+    import os
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, command: str = "fit") -> list[str]:
     """CLI arguments for a short run of the shipped reverse-text recipe on a small (test) model: LoRA
     rank 4, 2 prompts x 4 rollouts of <= 8 tokens per step, no filters, no progress bar. `overrides`

@@ -1,7 +1,8 @@
 """VLLMEngine: RemoteEngine for vLLM's OpenAI server, hot-loading each step's LoRA adapter.
 
-`grpokit infer` starts the server when `serve` is set (grpokit.inference.vllm_server); otherwise start
-it yourself, with LoRA and runtime adapter loading on:
+`grpokit infer` starts the server when `serve` is set (grpokit.inference.vllm_server), and so does
+`grpokit fit`, which then samples from it (grpokit.inference.vllm_launch); otherwise start it yourself,
+with LoRA and runtime adapter loading on:
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m vllm.entrypoints.openai.api_server \\
         --model BASE --served-model-name base --enable-lora --max-lora-rank 16 --port 8000
@@ -63,8 +64,9 @@ class VLLMEngine(RemoteEngine):
             timeout: seconds per request.
             max_retries: retries with exponential backoff on connection errors and 5xx answers.
             max_concurrency: requests in flight at once.
-            serve: how `grpokit infer` starts the vLLM server on server.host:server.port
-                (grpokit.inference.vllm_server); null: the server is started some other way.
+            serve: how `grpokit infer` (or `grpokit fit`, which then samples from it instead of
+                base_url) starts the vLLM server on server.host:server.port; null: the server is
+                started some other way.
         """
         super().__init__(base_url, model_name, api_key_var, timeout, max_retries, max_concurrency)
         self.base_model_name, self.serve = model_name, serve

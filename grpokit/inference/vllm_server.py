@@ -1,9 +1,10 @@
 """Starting and stopping the vLLM OpenAI server that VLLMEngine talks to (`inference.init_args.serve`).
 
-`grpokit infer` with `inference: VLLMEngine` and `serve` set runs `vllm serve` as a child process on
-`server.host:server.port`, with the recipe's options, waits until `/v1/models` lists the served model,
-and stops it cleanly on SIGTERM or Ctrl-C (SIGTERM to vLLM, then SIGKILL to its whole process group
-after `stop_timeout`). The child runs in its own session, so a terminal's Ctrl-C reaches grpokit only,
+`grpokit infer` (and `grpokit fit`, for the length of the run: grpokit.inference.vllm_launch) with
+`inference: VLLMEngine` and `serve` set runs `vllm serve` as a child process on `server.host:server.port`,
+with the recipe's options, refusing a port something already listens on, waits until `/v1/models` lists
+the served model, and stops it cleanly on SIGTERM or Ctrl-C (SIGTERM to vLLM, then SIGKILL to its whole
+process group after `stop_timeout`). The child runs in its own session, so a terminal's Ctrl-C reaches grpokit only,
 which forwards it once; on Linux the child also gets SIGTERM if grpokit dies without stopping it.
 
 Defaults follow the recipe: `--dtype` is model.dtype (the trainer's logprobs are recomputed in it),
@@ -16,9 +17,11 @@ and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for th
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -216,6 +219,24 @@ def _term_with_parent(parent_pid: int):
     return set_death_signal
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse server.host:server.port when something listens there already: vLLM would fail to bind, and
+    until it exits, the readiness check could take the other server's answers for its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server binds: a closed port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise RuntimeError(f"vLLM cannot listen on server.host:server.port {host}:{port} ({e.strerror}): set server.host to an address of this machine") from None
+            raise RuntimeError(
+                f"server.host:server.port {host}:{port} is taken ({e.strerror}), by another server (a vLLM or `grpokit infer` "
+                "left running?): set server.port to a free port, or stop that server; to sample from a server started "
+                "elsewhere, set inference.init_args.serve to null and inference.init_args.base_url to its address"
+            ) from None
+
+
 def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, served_name: str, run_dir: Path, worker_extension: str | None = None) -> VLLMServer:
     """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
     from grpokit.memory import GIB, colocated_share, policy_trainer_bytes
@@ -231,6 +252,7 @@ def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, ser
     lora_rank = policy.lora.rank if policy.lora is not None else None
     command = serve_command(serve, resolve_model(policy.model_name), served_name, host, port, policy.dtype_name, lora_rank, utilization, worker_extension)
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    check_port_free(host, port)
     env = serve_env(serve, lora="--enable-lora" in command, worker_extension=worker_extension)
     server = VLLMServer(command, env, f"http://{probe}:{port}/v1", served_name, Path(run_dir) / serve.log_file)
     server.start()

