@@ -30,7 +30,8 @@ class ServerSettings:
         port: TCP port.
         model_name: the served model name (the `model` field clients send).
         engine: the engine behind the server (default: the builtin torch engine). With `inference:
-            VLLMEngine` and its `serve` set, `grpokit infer` runs vLLM's server here instead.
+            VLLMEngine` and its `serve` set, `grpokit infer` runs vLLM's server here instead, and so
+            does `grpokit fit`, for the length of the run.
     """
 
     host: str = "127.0.0.1"
@@ -70,13 +71,12 @@ def infer_vllm(cli, engine, settings: ServerSettings) -> int:
     this process only keeps the server up, forwards the stop signal and reports a server that died on its
     own (its exit code).
     """
-    from grpokit.inference.vllm_server import start_vllm
+    from grpokit.inference.vllm_launch import start_recipe_vllm
 
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
     server = None
     try:
-        extension = getattr(cli.config_init["broadcast"], "vllm_worker_extension", None)  # VLLMNCCLBroadcast's receiver
-        server = start_vllm(engine.serve, cli.model, cli.datamodule.seq_len, settings.host, settings.port, engine.base_model_name, cli.run_dir, extension)
+        server = start_recipe_vllm(cli, engine, cli.config_init["broadcast"], settings)
         code = server.wait()
         log.error("vLLM exited on its own with code %d; the end of %s:\n%s", code, server.log_path, server.log_tail())
         return code or 1
