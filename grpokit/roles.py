@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from grpokit.inference import InferenceEngine
 from grpokit.models import load_tokenizer
 from grpokit.norm_noise import check_engine_accepts_norms
+from grpokit.orchestrator.weights import weight_source
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ def infer(cli) -> int:
         serve(engine, load_tokenizer(cli.model.model_name), host=settings.host, port=settings.port, model_name=settings.model_name, broadcast=broadcast)
     except KeyboardInterrupt:
         log.info("server stopped")
+    finally:
+        broadcast.close()  # stops the NCCL receiver, withdraws the filesystem broadcast's ack
     return 0
 
 
@@ -101,7 +104,7 @@ def orchestrate(cli) -> int:
     broadcast.setup(cli.run_dir)
     engine.setup(cli.model.model_name)
     data = cli.datamodule
-    published = broadcast.poll(-1)  # the trainer's progress: it has published the weights of its current step
+    published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.start_step, published.step if published else 0)
     data.connect(engine, broadcast, load_tokenizer(cli.model.model_name), cli.run_dir, cli.trainer.max_steps, start, cli.restore_buffer)
     data.start_step = first_unsent_step(data, start)

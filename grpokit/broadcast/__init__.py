@@ -18,10 +18,21 @@ class WeightBroadcast(ABC):
 
     `applies_norm_weights`: the broadcast itself puts `update.norm_tensors` (QeRL's noisy RMSNorm weights)
     into the engine's model (VLLMNCCLBroadcast, into vLLM's worker), so the engine need not load them.
+
+    `observable`: any process may poll, any number of them, without taking anything from the engine
+    (FilesystemBroadcast: step folders anyone can read; VLLMNCCLBroadcast: an HTTP call into vLLM's
+    worker, the real receiver). False where polling *is* receiving, so only the engine's own process may
+    poll (NCCLBroadcast: the poller joins the trainer's two-rank group as the engine; IPCBroadcast: it
+    maps the trainer's segments or CUDA buffers). The orchestrator of a RemoteEngine then learns the
+    trainer's progress from the servers (grpokit.orchestrator.weights).
+
+    `max_engines`: how many engine processes can receive it (None: any number; NCCLBroadcast: 1).
     """
 
     run_dir: Path
     applies_norm_weights: bool = False
+    observable: bool = True
+    max_engines: int | None = None
 
     def setup(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)

@@ -13,6 +13,11 @@ them into buffers it keeps for `keep_last` steps and the index carries their CUD
 grpokit.broadcast.cuda_ipc; never pickled); an engine in another process maps them, and an engine in the
 trainer's own process (co-locate `fit`) takes the same GPU tensors directly. The shared-memory path
 above is this path's CPU twin, which is what CI tests; bench/gpu_check_ipc.py checks the CUDA path.
+
+Three processes (`grpokit infer | orchestrate | train`, one host): only the server polls it
+(`observable = False`); the orchestrator asks the server for its weight step (GET /v1/weights). The
+trainer unlinks its segments when it exits, so a server that had not loaded the last step by then keeps
+the step it has.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float1
 
 class IPCBroadcast(WeightBroadcast):
     """Weights through named shared memory on one host: written once, mapped by the engine."""
+
+    observable = False  # polling maps the segments (or CUDA buffers): the engine's process only, never the orchestrator's
 
     def __init__(self, keep_last: int = 3) -> None:
         """

@@ -26,6 +26,10 @@ Departures from the WeightBroadcast contract and things to know:
   its tensors there. backend "gloo" runs on CPU (tests, or CPU engines).
 - Peers are not authenticated: whoever reaches `host:port` first can join as the engine. `host` is
   therefore 127.0.0.1 by default; across machines set it to the trainer's address on a trusted network.
+- Exactly one engine: a second process that polls as the engine (a second server, the orchestrator, an
+  engine restarted while the trainer runs on) is refused with an error, counted in the trainer's
+  TCPStore before it joins, instead of breaking the group the first engine is in. So the orchestrator
+  of a RemoteEngine never polls it (`observable = False`); it asks the server for its weight step.
 - Received tensors are fresh, separate tensors (copied out of the bucket buffer), so the engine can
   save them with safetensors as they are.
 """
@@ -158,6 +162,10 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 class NCCLBroadcast(WeightBroadcast):
     """Trainer -> engine weights over a private 2-rank NCCL (or gloo) group, bucketed, no pickle."""
 
+    observable = False  # polling joins the group as the engine: only the engine's process may poll
+    max_engines = 1
+    ENGINES_KEY = "grpokit/broadcast/engines"  # counts the processes that joined as the engine
+
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -204,6 +212,13 @@ class NCCLBroadcast(WeightBroadcast):
         timeout = timedelta(seconds=self.timeout)
         store = dist.TCPStore(self.host, self.port, world_size=2, is_master=self.rank == 0, timeout=timeout)
         self._store = store
+        if self.rank == 1 and store.add(self.ENGINES_KEY, 1) > 1:
+            raise RuntimeError(
+                f"NCCLBroadcast at {self.host}:{self.port} already has its engine: it reaches exactly one (a two-rank group), "
+                "and this process polled it as a second one. Poll it only in the engine's process: one `grpokit infer` server "
+                "(inference.init_args.base_url lists one) and an orchestrator with `inference: RemoteEngine`; to serve several, "
+                "use broadcast: FilesystemBroadcast. An engine restarted while the trainer runs needs the trainer restarted too."
+            )
         store = dist.PrefixStore("grpokit/broadcast", store)
         if self.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
@@ -280,7 +295,7 @@ class NCCLBroadcast(WeightBroadcast):
             self._thread.start()
         with self._lock:
             if self._error is not None:
-                raise RuntimeError("NCCLBroadcast receiver stopped") from self._error
+                raise RuntimeError(f"NCCLBroadcast receiver stopped: {self._error}") from self._error
             latest = self._latest
         return latest if latest is not None and latest.step > after_step else None
 

@@ -36,6 +36,7 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
 
     vllm_worker_extension = WORKER_EXTENSION  # `grpokit infer` starts vLLM with it
     applies_norm_weights = True  # the worker loads QeRL's noisy norms into vLLM's model with each update
+    observable = True  # `poll` is an HTTP call into vLLM's worker (the receiver), made by the orchestrator
 
     def __init__(
         self,

@@ -69,10 +69,15 @@ class InferenceEngine(ABC):
 
     `applies_norm_weights`: the engine loads `update.norm_tensors` (QeRL's noisy RMSNorm weights) with
     each update; a recipe with a noise scheduler refuses an engine that does not (checked at start).
+
+    `servers_load_weights`: the engine is a client of servers (listed in `base_urls`) that load each
+    update from the broadcast themselves (RemoteEngine in front of `grpokit infer`): `load_weights` only
+    records the step, and `served_weight_step()` asks the servers which step they hold.
     """
 
     weight_step: int = -1
     applies_norm_weights: bool = False
+    servers_load_weights: bool = False
 
     @abstractmethod
     def setup(self, model: str) -> None:
@@ -85,6 +90,18 @@ class InferenceEngine(ABC):
     @abstractmethod
     def load_weights(self, update: WeightUpdate) -> None:
         """Switch to the weights of `update` (a LoRA adapter or a full state dict)."""
+
+    def served_weight_step(self) -> int:
+        """The step of the weights the engine's servers hold, each after loading the newest published
+        one (engines with `servers_load_weights`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no servers that load weights themselves")
+
+    def weights_sha256(self) -> str:
+        """grpokit.checksums.tensors_sha256 of the weights the engine samples with, as the trainer's
+        `weight_update` names them (the LoRA adapter, or the full state dict): equal to the trainer's
+        sha256 when the engine holds exactly the published weights. Optional; the server's
+        `GET /v1/weights?sha256=true` reports it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot checksum its weights")
 
     def close(self) -> None:
         """Free the model and any server."""

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from grpokit.checksums import tensors_sha256
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
@@ -90,6 +91,15 @@ class BuiltinEngine(InferenceEngine):
         if update.norm_tensors:
             apply_norm_weights(self.model, update.norm_tensors)
         self.weight_step = update.step
+
+    def weights_sha256(self) -> str:
+        """The adapter loaded into the peft wrapper (as the trainer's `get_peft_model_state_dict`
+        names it), or the whole state dict before any LoRA update and for full fine-tuning."""
+        if hasattr(self.model, "peft_config"):
+            from peft import get_peft_model_state_dict
+
+            return tensors_sha256(get_peft_model_state_dict(self.model))
+        return tensors_sha256(self.model.state_dict())
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         if self.model is None:

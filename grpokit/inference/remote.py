@@ -5,6 +5,8 @@ needs: `logprobs: 0` (only the sampled token's logprob), `return_token_ids: true
 ids), `min_tokens` and `repetition_penalty` when set, and grpokit's `weight_step` in the response. The servers load new weights themselves (grpokit's
 server polls the broadcast before each request; vLLM reloads the LoRA adapter), so `load_weights` only
 records the step the orchestrator waited for. Several `base_url`s spread the prompts round-robin.
+`served_weight_step` asks every server (`GET /v1/weights`, grpokit's server only) which step it holds:
+the orchestrator's progress source when the broadcast is one only the servers may poll (NCCL, IPC).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class RemoteEngine(InferenceEngine):
     """Client of one or more OpenAI-compatible completion servers (grpokit infer, or vLLM)."""
 
     applies_norm_weights = True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
+    servers_load_weights = True
 
     def __init__(
         self,
@@ -65,6 +68,30 @@ class RemoteEngine(InferenceEngine):
 
     def load_weights(self, update: WeightUpdate) -> None:
         self.weight_step = update.step  # the servers load the same update from the broadcast themselves
+
+    def served_weight_step(self) -> int:
+        """The oldest weights any server holds (each loads the newest published step first): every server
+        samples with weights of at least this step."""
+        return min(self._weight_step_of(url) for url in self.base_urls)
+
+    def _weight_step_of(self, url: str) -> int:
+        try:
+            raw = self._call(url, "weights")
+        except RemoteError as e:
+            if e.code != 404:
+                raise
+            raise RemoteError(
+                f"{url} has no /v1/weights, so it is not grpokit's server: with a broadcast only the server may poll "
+                "(broadcast: NCCLBroadcast or IPCBroadcast) the orchestrator learns the trainer's progress from `grpokit infer`. "
+                "Serve with `grpokit infer`, or use broadcast: FilesystemBroadcast.", 404,
+            ) from e
+        try:
+            step = json.loads(raw).get("weight_step")
+        except (json.JSONDecodeError, AttributeError):
+            step = None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step")
+        return step
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
@@ -104,16 +131,16 @@ class RemoteEngine(InferenceEngine):
             raise ValueError(f"inference server {url} answered {raw[:200]!r}: not a completions answer (a JSON object with a 'choices' list)")
         return answer
 
-    def _call(self, url: str, endpoint: str, body: dict) -> bytes:
-        """POST `body` to `{url}/{endpoint}`; returns the raw answer.
+    def _call(self, url: str, endpoint: str, body: dict | None = None) -> bytes:
+        """POST `body` to `{url}/{endpoint}` (GET without a body); returns the raw answer.
 
         A server that is down, restarting, drops the connection or cuts its answer short (connection
         errors, timeouts, http.client errors, 5xx answers) is retried max_retries times with exponential
         backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart), then reported with an error naming it.
         """
-        data = json.dumps(body).encode()
+        data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(f"{url.rstrip('/')}/{endpoint}", data=data, headers=self._headers, method="POST")
+            request = urllib.request.Request(f"{url.rstrip('/')}/{endpoint}", data=data, headers=self._headers, method="GET" if body is None else "POST")
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     return response.read()

@@ -1,10 +1,11 @@
 """An OpenAI-compatible HTTP server in front of any InferenceEngine, so one client serves the builtin
 engine and vLLM alike.
 
-Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, `GET /health`.
-Requests are parsed on the HTTP threads; all tokenizer and engine work runs on one worker thread that
-owns both (the engine is not thread-safe, nor are HF fast tokenizers), so concurrent requests queue.
-With a `broadcast`, that thread loads any newer published weights before each request.
+Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, `GET /health`, and
+grpokit's `GET /v1/weights`. Requests are parsed on the HTTP threads; all tokenizer and engine work runs
+on one worker thread that owns both (the engine is not thread-safe, nor are HF fast tokenizers), so
+concurrent requests queue. With a `broadcast`, that thread loads any newer published weights before
+each request and before answering `/v1/weights`.
 
 Built on the standard library's ThreadingHTTPServer: grpokit declares no web framework (uvicorn and
 starlette are only transitive dependencies of verifiers), every grpokit process imports this module
@@ -14,6 +15,10 @@ Where it departs from the OpenAI API:
 - vLLM extensions: `return_token_ids` adds `prompt_token_ids` (top level for chat, per choice for
   completions) and per-choice `token_ids`; `chat_template_kwargs` is passed to the chat template.
 - Every response carries a top-level `weight_step`: the trainer step of the weights that produced it.
+- `GET /v1/weights` answers `{"weight_step"}`, the step the engine holds once it has loaded the newest
+  published one: the trainer's progress for an orchestrator whose broadcast only this process may poll
+  (NCCLBroadcast, IPCBroadcast). `?sha256=true` adds the engine's checksum of those weights
+  (InferenceEngine.weights_sha256), to compare with the trainer's.
 - Only the sampled token's logprob exists (the engine has no top-k): chat `top_logprobs` and
   completions `logprobs` above 0 are refused. Logprobs are of the temperature-scaled distribution.
 - `min_tokens` and `repetition_penalty` (vLLM extensions) are honoured, and logprobs are of the
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
 from typing import Any, Callable
+from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
@@ -171,14 +177,16 @@ class OpenAIApp:
         routes = {
             "/v1/models": ("GET", self.models), "/v1/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions), "/health": ("GET", lambda _: {}),
+            "/v1/weights": ("GET", self.weights),
         }
-        path = path.split("?", 1)[0].rstrip("/")
+        path, _, query = path.partition("?")
+        path = path.rstrip("/")
         try:
             if path not in routes:
                 raise RequestError(f"no route {path}", status=404)
             if method != routes[path][0]:
                 raise RequestError(f"{path} takes {routes[path][0]}, not {method}", status=405)
-            return 200, routes[path][1](self.parse_body(body) if method == "POST" else {})
+            return 200, routes[path][1](self.parse_body(body) if method == "POST" else dict(parse_qsl(query)))
         except RequestError as e:
             return e.status, e.body()
         except Exception as e:  # the client gets the error's text, the server log gets the traceback
@@ -202,6 +210,25 @@ class OpenAIApp:
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
         return {"object": "list", "data": [card], "weight_step": self.engine.weight_step}
+
+    def weights(self, query: dict) -> dict:
+        """The step of the weights the engine holds, after loading the newest published one; with
+        `sha256=true`, the engine's checksum of them too."""
+        checksum = query.get("sha256", "false")
+        if checksum not in ("true", "false"):
+            raise RequestError(f"sha256 must be true or false, got {checksum!r}", "sha256")
+
+        def work() -> dict:
+            self.load_newer_weights()
+            answer = {"object": "weights", "weight_step": self.engine.weight_step}
+            if checksum == "true":
+                try:
+                    answer["sha256"] = self.engine.weights_sha256()
+                except NotImplementedError as e:
+                    raise RequestError(str(e), "sha256") from None
+            return answer
+
+        return self.on_engine_thread(work)
 
     def completions(self, body: dict) -> dict:
         prompts = parse_prompts(body)
@@ -277,11 +304,15 @@ class OpenAIApp:
         except Exception as e:  # jinja raises for messages its template rejects (roles out of order, ...)
             raise RequestError(f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages") from None
 
-    def sample(self, prompts: list[list[int]], params: SamplingRequest) -> list[list[Completion]]:
-        """Load newer broadcast weights, check the context length, then sample n completions per prompt."""
+    def load_newer_weights(self) -> None:
+        """Load the newest weights the broadcast has published, if newer than the engine's."""
         if self.broadcast is not None and (update := self.broadcast.poll(self.engine.weight_step)) is not None:
             log.info("loading weights of step %d (was %d)", update.step, self.engine.weight_step)
             self.engine.load_weights(update)
+
+    def sample(self, prompts: list[list[int]], params: SamplingRequest) -> list[list[Completion]]:
+        """Load newer broadcast weights, check the context length, then sample n completions per prompt."""
+        self.load_newer_weights()
         room = None if self.max_model_len is None else self.max_model_len - max(map(len, prompts))
         max_tokens = params.max_tokens or max(room or SamplingSettings.max_tokens, 1)  # chat default: the rest of the context
         if room is not None and max_tokens > room:

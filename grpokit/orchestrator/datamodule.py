@@ -34,6 +34,7 @@ from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.stats import batch_metrics
+from grpokit.orchestrator.weights import weight_source
 from grpokit.timeline import record_timeline
 from grpokit.transport import Transport
 from grpokit.types import Rollout, TrainingBatch
@@ -141,6 +142,7 @@ class Orchestrator(L.LightningDataModule):
         """
         self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
+        self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
         scored = [Environment(spec) for spec in self.env_specs]
         self.envs = [UnscoredEnvironment(env) for env in scored] if self.buffer.skip_verification else scored
         ratios = [spec.ratio for spec in self.env_specs]
@@ -243,10 +245,11 @@ class Orchestrator(L.LightningDataModule):
         return 1.0 if self.sampling.temperature is None else self.sampling.temperature
 
     def wait_for_weights(self, min_step: int) -> None:
-        """Load the newest published weights; block until they are at least `min_step`."""
+        """Load the newest published weights (or learn the step the servers hold); block until they are
+        at least `min_step`."""
         deadline = time.monotonic() + self.timeout
         while True:
-            update = self.broadcast.poll(self.engine.weight_step)
+            update = self.weights.poll(self.engine.weight_step)
             if update is not None:
                 self.engine.load_weights(update)
             if self.engine.weight_step >= min_step:
@@ -256,9 +259,14 @@ class Orchestrator(L.LightningDataModule):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): is the trainer (`grpokit train`) "
-                    f"running and publishing through the same broadcast ({type(self.broadcast).__name__})?"
+                    f"running and publishing through the same broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
                 )
             time.sleep(0.05)
+
+    def _source_hint(self) -> str:
+        if self.weights is self.broadcast:
+            return ""
+        return f" to the server (`grpokit infer`: only it may poll this broadcast, so the orchestrator asks it; it holds step {self.engine.weight_step})"
 
     def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
         with open(self.run_dir / "samples.jsonl", "a") as f:

@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -182,6 +183,35 @@ def engine(port: int, d: Path) -> None:
     assert not b._thread.is_alive() and b._error is None
     b.close()
     assert last == 2, f"engine stopped at step {last}"
+
+
+def poll_until(b: NCCLBroadcast, after_step: int, timeout: float = 30.0) -> WeightUpdate:
+    deadline = time.monotonic() + timeout
+    while (u := b.poll(after_step)) is None:
+        assert time.monotonic() < deadline, f"no step after {after_step}"
+        time.sleep(0.01)
+    return u
+
+
+def test_a_second_engine_is_refused_and_the_first_keeps_receiving():
+    """Two processes polling as the engine (the orchestrator and the server did, before the orchestrator
+    asked the server instead) broke the group for both; the second is now refused before it joins."""
+    port = free_port()
+    trainer = NCCLBroadcast(port=port, backend="gloo", timeout=30)
+    first, second = NCCLBroadcast(port=port, backend="gloo", timeout=30), NCCLBroadcast(port=port, backend="gloo", timeout=30)
+    publisher = threading.Thread(target=trainer.publish, args=(make_update(0),))
+    publisher.start()  # blocks until an engine joins
+    assert poll_until(first, -1).step == 0
+    publisher.join()
+    second.poll(-1)
+    second._thread.join(timeout=30)
+    with pytest.raises(RuntimeError, match=r"already has its engine: it reaches exactly one.*inference.init_args.base_url"):
+        second.poll(-1)
+    trainer.publish(make_update(1))
+    assert poll_until(first, 0).step == 1
+    trainer.close()
+    first.close()
+    second.close()
 
 
 def test_two_processes_over_gloo_receive_bit_identical_weights(tmp_path):

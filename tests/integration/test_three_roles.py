@@ -1,4 +1,7 @@
-"""`grpokit infer | orchestrate | train` as three OS processes on one recipe (filesystem and ZMQ transports)."""
+"""`grpokit infer | orchestrate | train` as three OS processes on one recipe: filesystem and ZMQ
+transports over the filesystem broadcast, and the broadcasts only the server may poll (NCCLBroadcast
+over gloo, IPCBroadcast's shared memory), where the orchestrator learns the trainer's progress from the
+server's GET /v1/weights."""
 
 import csv
 import json
@@ -6,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,39 +24,90 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("transport", ["filesystem", "zmq"])
-def test_three_processes_train_together(tmp_path, tiny_model, transport):
-    http_port = free_port()
+def run_three_roles(tmp_path: Path, tiny_model: str, http_port: int, steps: int, extra: list[str], train_extra: list[str] = ()) -> dict[str, subprocess.Popen]:
+    """Start train, orchestrate and infer (in that order: each waits for the others); wait for the trainer
+    and the orchestrator to finish. The server is left running; the caller stops it."""
     common = [
         "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "mp", "--model.model", tiny_model,
         "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
         "--data.sampling.max_tokens", "8", "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null",
-        "--data.timeout", "120", "--trainer.max_steps", str(STEPS), "--ckpt.interval", "0",
+        "--data.timeout", "120", "--trainer.max_steps", str(steps), "--ckpt.interval", "0",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--server.port", str(http_port),
-        "--inference", "RemoteEngine", "--inference.init_args.base_url", f"http://127.0.0.1:{http_port}/v1",
+        "--inference", "RemoteEngine", "--inference.init_args.base_url", f"http://127.0.0.1:{http_port}/v1", *extra,
     ]
-    if transport == "zmq":
-        common += ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())]
     log = {role: open(tmp_path / f"{role}.log", "w") for role in ("infer", "orchestrate", "train")}
-    # start order: trainer first, then orchestrator, then the server: each waits for the others
-    procs = {role: subprocess.Popen([sys.executable, "-m", "grpokit.cli", role, *common], stdout=log[role], stderr=subprocess.STDOUT) for role in ("train", "orchestrate", "infer")}
+    argv = {role: [sys.executable, "-m", "grpokit.cli", role, *common] for role in log}
+    argv["train"] += train_extra
+    return {role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT) for role in ("train", "orchestrate", "infer")}
+
+
+def check_run(run: Path, steps: int) -> None:
+    """Steps 0..steps-1 trained once each; every rollout names the weights that sampled it, as reported by
+    the server, within max_async_level 1; the server followed the trainer's updates."""
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    assert [int(r["step"]) for r in rows] == list(range(steps))
+    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+    assert {s["step"] for s in samples} == set(range(steps))
+    assert all(max(0, s["step"] - 1) <= s["policy_step"] <= s["step"] for s in samples)
+    assert max(s["policy_step"] for s in samples) >= 1
+
+
+def stop(procs: dict, tmp_path: Path) -> None:
+    procs["infer"].send_signal(signal.SIGTERM)
+    assert procs["infer"].wait(timeout=30) == 0, (tmp_path / "infer.log").read_text()[-3000:]
+
+
+def wait_ok(procs: dict, tmp_path: Path) -> None:
+    assert procs["train"].wait(timeout=240) == 0, (tmp_path / "train.log").read_text()[-3000:]
+    assert procs["orchestrate"].wait(timeout=60) == 0, (tmp_path / "orchestrate.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("transport", ["filesystem", "zmq"])
+def test_three_processes_train_together(tmp_path, tiny_model, transport):
+    http_port = free_port()
+    extra = ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())] if transport == "zmq" else []
+    procs = run_three_roles(tmp_path, tiny_model, http_port, STEPS, extra)
     try:
-        assert procs["train"].wait(timeout=240) == 0, (tmp_path / "train.log").read_text()[-3000:]
-        assert procs["orchestrate"].wait(timeout=60) == 0, (tmp_path / "orchestrate.log").read_text()[-3000:]
-        procs["infer"].send_signal(signal.SIGTERM)
-        assert procs["infer"].wait(timeout=30) == 0, (tmp_path / "infer.log").read_text()[-3000:]
+        wait_ok(procs, tmp_path)
+        stop(procs, tmp_path)
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
     run = tmp_path / "mp"
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
-    assert [int(r["step"]) for r in rows] == list(range(STEPS))
-    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
-    # every rollout names the weights that sampled it, as reported by the server, within max_async_level 1
-    assert {s["step"] for s in samples} == set(range(STEPS))
-    assert all(max(0, s["step"] - 1) <= s["policy_step"] <= s["step"] for s in samples)
-    assert max(s["policy_step"] for s in samples) >= 1  # the server loaded the trainer's updates
+    check_run(run, STEPS)
     stable = sorted(int(p.parent.name[5:]) for p in (run / "broadcasts").glob("step_*/STABLE"))
     assert stable[-1] == STEPS
+
+
+BROADCASTS = {
+    "nccl": lambda: ["--broadcast", "NCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(free_port()), "--broadcast.init_args.timeout", "120"],
+    "ipc": lambda: ["--broadcast", "IPCBroadcast"],
+}
+
+
+@pytest.mark.parametrize("broadcast", ["nccl", "ipc"])
+def test_three_processes_with_a_broadcast_only_the_server_polls(tmp_path, tiny_model, broadcast):
+    """The orchestrator never polls the broadcast (NCCL: it would join the trainer's group as a second
+    engine); the server's weights after the run are the trainer's last published ones, bit for bit."""
+    steps, http_port = 3, free_port()
+    checksums = ["--trainer.callbacks+=grpokit.callbacks.RankChecksums"]  # the trainer's sha256 per step
+    procs = run_three_roles(tmp_path, tiny_model, http_port, steps, BROADCASTS[broadcast](), checksums)
+    try:
+        wait_ok(procs, tmp_path)
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/weights?sha256=true", timeout=60) as r:
+            served = json.loads(r.read())
+        stop(procs, tmp_path)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    run = tmp_path / "mp"
+    check_run(run, steps)
+    trained = {row["step"]: row["sha256"] for row in map(json.loads, open(run / "rank_checksums" / "rank_0.jsonl"))}
+    # NCCL: the receiver holds the last step it got; IPC: the trainer unlinks its segments when it exits,
+    # so the server keeps the last step it loaded before that (at least step 1: the batch of step 2 needed it)
+    assert served["weight_step"] == steps if broadcast == "nccl" else 1 <= served["weight_step"] <= steps
+    assert served["sha256"] == trained[served["weight_step"]]
+    assert not (run / "broadcasts").exists()  # nothing went through the filesystem broadcast

@@ -1,0 +1,155 @@
+"""GET /v1/weights: the server loads the newest published step before answering, and its checksum of the
+weights it holds equals the trainer's; RemoteEngine's served_weight_step is the minimum over its servers;
+the orchestrator learns the trainer's progress from the servers when only they may poll the broadcast."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import urllib.error
+import urllib.request
+from contextlib import ExitStack, contextmanager
+
+import pytest
+import torch
+
+from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.broadcast.ipc import IPCBroadcast
+from grpokit.broadcast.nccl import NCCLBroadcast
+from grpokit.checksums import tensors_sha256
+from grpokit.env import EnvSpec
+from grpokit.inference.builtin import BuiltinEngine
+from grpokit.inference.remote import RemoteEngine, RemoteError
+from grpokit.inference.server import make_app, make_server
+from grpokit.models import load_causal_lm, load_tokenizer
+from grpokit.orchestrator import Orchestrator
+from grpokit.orchestrator.weights import ServedWeights, weight_source
+from grpokit.types import WeightUpdate
+
+
+@contextmanager
+def serving(tiny_model, broadcast):
+    engine = BuiltinEngine(device="cpu")
+    engine.setup(tiny_model)
+    server = make_server(make_app(engine, engine.tokenizer, model_name="tiny", broadcast=broadcast), port=0).start()
+    try:
+        yield engine, server
+    finally:
+        server.close()
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def lora_update(tiny_model: str, step: int) -> WeightUpdate:
+    """A LoRA update as Policy.weight_update makes it (peft names, the config as a dict), with random B."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    model = get_peft_model(load_causal_lm(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    g = torch.Generator().manual_seed(step)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.copy_(torch.randn(p.shape, generator=g))
+    config = json.loads(json.dumps(model.peft_config["default"].to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+    return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}, lora_config=config)
+
+
+def test_weights_endpoint_loads_the_newest_step_first_and_its_checksum_is_the_trainers(tiny_model, tmp_path):
+    trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
+    trainer.setup(tmp_path)
+    reader.setup(tmp_path)
+    with serving(tiny_model, reader) as (engine, server):
+        assert get(server.url + "/weights") == (200, {"object": "weights", "weight_step": -1})
+        update = lora_update(tiny_model, step=2)
+        trainer.publish(update)
+        status, answer = get(server.url + "/weights?sha256=true")
+        assert status == 200 and answer["weight_step"] == 2 == engine.weight_step  # loaded before answering
+        assert answer["sha256"] == tensors_sha256(update.tensors)
+
+
+def test_weights_endpoint_refusals(tiny_model):
+    with serving(tiny_model, None) as (_, server):
+        status, answer = get(server.url + "/weights?sha256=yes")
+        assert status == 400 and answer["error"]["param"] == "sha256"
+        request = urllib.request.Request(server.url + "/weights", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=60)
+        assert e.value.code == 405
+
+
+def test_served_weight_step_is_the_oldest_of_the_servers(tiny_model, tmp_path):
+    with ExitStack() as stack:
+        urls = []
+        for step in (3, 1):
+            trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
+            trainer.setup(tmp_path / str(step))
+            reader.setup(tmp_path / str(step))
+            trainer.publish(lora_update(tiny_model, step))
+            urls.append(stack.enter_context(serving(tiny_model, reader))[1].url)
+        remote = RemoteEngine(base_url=urls, model_name="tiny")
+        remote.setup(tiny_model)
+        assert remote.served_weight_step() == 1
+        source = ServedWeights(remote)
+        update = source.poll(0)
+        assert update.step == 1 and update.in_engine and update.tensors == {}
+        assert source.poll(1) is None
+
+
+class NotGrpokit(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # an OpenAI server without grpokit's /v1/weights (vLLM, say)
+        self.send_error(404)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_without_the_weights_endpoint_is_named():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotGrpokit)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = RemoteEngine(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", max_retries=0)
+        remote.setup("unused")
+        with pytest.raises(RemoteError, match=r"has no /v1/weights.*grpokit infer.*FilesystemBroadcast"):
+            remote.served_weight_step()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_orchestrator_polls_the_broadcast_only_where_it_may():
+    remote, two = RemoteEngine(), RemoteEngine(base_url=["http://a/v1", "http://b/v1"])
+    local = BuiltinEngine(device="cpu")
+    fs, nccl, ipc = FilesystemBroadcast(), NCCLBroadcast(backend="gloo"), IPCBroadcast()
+    assert weight_source(remote, fs) is fs  # anyone may poll the filesystem
+    assert weight_source(local, nccl) is nccl  # the orchestrator's process is the engine's (fit)
+    assert isinstance(weight_source(remote, nccl), ServedWeights)
+    assert isinstance(weight_source(two, ipc), ServedWeights)  # several servers map the same segments
+    with pytest.raises(ValueError, match=r"NCCLBroadcast reaches 1 engine.*inference.init_args.base_url lists 2 servers"):
+        weight_source(two, nccl)
+    assert nccl.rank is None  # nothing joined
+
+
+def test_orchestrator_waits_for_the_servers_weights(tiny_model, tmp_path):
+    """IPC as in `grpokit infer | orchestrate | train`: the server maps the trainer's segments, the
+    orchestrator asks the server; a timeout names the server."""
+    trainer, reader, never = IPCBroadcast(), IPCBroadcast(), IPCBroadcast()
+    for b in (trainer, reader, never):
+        b.setup(tmp_path)
+    never.poll = None  # the orchestrator's broadcast: calling poll on it would fail the test
+    with serving(tiny_model, reader) as (engine, server):
+        remote = RemoteEngine(base_url=server.url, model_name="tiny")
+        remote.setup(tiny_model)
+        data = Orchestrator(env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.5)
+        data.connect(remote, never, load_tokenizer(tiny_model), tmp_path, max_steps=2)
+        with pytest.raises(TimeoutError, match=r"no weights of step >= 0 .*\(IPCBroadcast\) to the server \(`grpokit infer`.*holds step -1\)\?"):
+            data.wait_for_weights(0)
+        trainer.publish(lora_update(tiny_model, step=0))
+        data.wait_for_weights(0)
+        assert remote.weight_step == 0 == engine.weight_step
+    trainer.close()
