@@ -110,7 +110,7 @@ class MicroBatch:
 
     def seq_ids_T(self) -> torch.Tensor:
         """Index of the sequence each token belongs to."""
-        return torch.repeat_interleave(torch.arange(len(self.seq_lens_N)), self.seq_lens_N)
+        return torch.repeat_interleave(torch.arange(len(self.seq_lens_N), device=self.seq_lens_N.device), self.seq_lens_N)
 
 
 @dataclass
@@ -143,7 +143,8 @@ class TrainingBatch:
         """Sequences with at least one loss token."""
         total = 0
         for mb in self.micro_batches:
-            per_seq_N = torch.zeros(len(mb.seq_lens_N)).index_add(0, mb.seq_ids_T(), mb.loss_mask_T.float())
+            mask_T = mb.loss_mask_T.float()
+            per_seq_N = mask_T.new_zeros(len(mb.seq_lens_N)).index_add(0, mb.seq_ids_T().to(mask_T.device), mask_T)
             total += int((per_seq_N > 0).sum())
         return total
 
