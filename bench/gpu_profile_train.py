@@ -1,4 +1,4 @@
-"""Top CUDA kernels of one grpokit LoRA train step (bench train's grpokit path), via torch.profiler.
+"""Top CUDA kernels of one grpokit LoRA optimizer step (bench train's grpokit path), via torch.profiler.
 
     PYTHONPATH=. python bench/gpu_profile_train.py [--model qwen3-0.6b --tokens 8192]
 """
@@ -10,8 +10,9 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from grpokit.bench.train import lora_model, packed_batch
-from grpokit.logprobs import packed_token_logprobs
+from grpokit.bench.shapes import model_folder
+from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+from grpokit.types import TrainingBatch
 
 
 def main() -> None:
@@ -21,18 +22,17 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=320)
     p.add_argument("--checkpointing", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=1024)
+    p.add_argument("--compile", type=int, default=0)
     args = p.parse_args()
-    lm = lora_model(args.model, torch.bfloat16, "cuda", 16, checkpointing=bool(args.checkpointing), varlen=True)
-    ids, pos, lens, adv = packed_batch(args.tokens, args.seq_len, lm.config.vocab_size, "cuda")
-
-    def step():
-        lp = packed_token_logprobs(lm, ids, pos, lens, chunk_size=args.chunk_size)
-        (-(lp * adv).sum() / args.tokens).backward()
-
-    step()
+    with model_folder(args.model, torch.bfloat16, "cuda") as folder:
+        policy = bench_policy(folder, torch.bfloat16, "cuda", 16, args.chunk_size, checkpointing=bool(args.checkpointing), compile=bool(args.compile))
+    batch = TrainingBatch(step=0, micro_batches=[micro_batch(args.tokens, args.seq_len, policy.lm.config.vocab_size, "cuda")])
+    opt = policy_optimizer(policy)
+    sample_with_policy(policy, batch)
+    optimizer_step(policy, opt, batch)  # warm-up
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+        optimizer_step(policy, opt, batch)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60))
 

@@ -34,3 +34,44 @@ def test_step_bench_reports_the_overlap():
     r = run("tiny", batch=4, prompt_len=8, new_tokens=8, micro_tokens=32, steps=1, dtype=torch.float32, device="cpu")
     assert r["train_tokens"] == 64 and r["overlapped_step_s"] > 0
     assert r["ratio_to_max"] == r["overlapped_step_s"] / max(r["generation_s"], r["training_s"])
+
+
+class Stream:
+    """An iterable of TrainingBatches, as the orchestrator's BatchStream (a list would read as several dataloaders)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_train_bench_step_is_the_policys_training_step(tmp_path):
+    """The bench's grpokit step changes the adapter exactly as Policy.training_step under Lightning does."""
+    import lightning as L
+
+    from grpokit.bench.shapes import model_folder
+    from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+    from grpokit.types import TrainingBatch
+
+    def policy_and_batch(folder):
+        policy = bench_policy(folder, torch.float32, "cpu", 4, 50, checkpointing=True, compile=False)
+        policy.max_grad_norm = 1e-3  # clipping binds
+        batch = TrainingBatch(step=0, micro_batches=[micro_batch(96, 40, policy.lm.config.vocab_size, "cpu")] * 2)
+        sample_with_policy(policy, batch)
+        return policy, batch
+
+    def adapter(policy):
+        return {k: v.detach().clone() for k, v in policy.lm.named_parameters() if v.requires_grad}
+
+    with model_folder("tiny", torch.float32, "cpu") as folder:
+        bench, batch = policy_and_batch(folder)
+        fit, fit_batch = policy_and_batch(folder)
+    before = adapter(bench)
+    optimizer_step(bench, policy_optimizer(bench), batch)
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(fit, train_dataloaders=Stream([fit_batch]))
+    after_bench, after_fit = adapter(bench), adapter(fit)
+    assert any(not torch.equal(after_bench[k], before[k]) for k in before)  # the step trained the adapter
+    assert all(torch.equal(after_bench[k], after_fit[k]) for k in before)  # the same operations, bit for bit

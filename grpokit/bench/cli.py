@@ -39,7 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--steps", type=int, default=3, help="timed optimizer steps (after one warm-up)")
             s.add_argument("--chunk-size", type=int, default=1024, help="tokens per log-prob chunk")
             s.add_argument("--lora-rank", type=int, default=16)
-            s.add_argument("--variants", default=None, help="comma list of grpokit, grpokit_compile, grpokit_compile_no_ckpt, naive")
+            s.add_argument("--variants", default=None, help="comma list of grpokit, grpokit_compile, grpokit_compile_no_ckpt, grpokit_compile_budget_0.5, grpokit_compile_budget_0.2, naive")
     return p.parse_args(argv)
 
 

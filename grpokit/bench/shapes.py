@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
+
 import torch
 
 SHAPES = {
@@ -40,6 +44,18 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     with torch.device(device):
         model = model_cls(config).to(dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def model_folder(name: str, dtype: torch.dtype, device: str) -> Iterator[str]:
+    """What grpokit.policy.Policy(model=...) loads for `name`: the name itself, or for a shape a temporary
+    folder holding build_model(name, dtype, device)'s random weights (the same weights the naive paths get)."""
+    if name not in SHAPES:
+        yield name
+        return
+    with tempfile.TemporaryDirectory(prefix=f"grpokit-bench-{name}-") as folder:
+        build_model(name, dtype, device).save_pretrained(folder)
+        yield folder
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -2,8 +2,9 @@
 
 A GRPO step samples `batch` completions (prompt_len + new_tokens each, the builtin engine's fast path)
 and trains one optimizer step on all their tokens (micro-batches of `micro_tokens` packed tokens,
-grpokit's train path with model.compile). With max_async_level 1 the engine samples step n+1's
-rollouts while the trainer trains on step n's, so the ideal step time is max(generation, training).
+grpokit.policy.Policy's step with model.compile on CUDA, see grpokit.bench.trainer). With
+max_async_level 1 the engine samples step n+1's rollouts while the trainer trains on step n's, so the
+ideal step time is max(generation, training).
 Here both run on the same GPU: the engine in a thread on its own CUDA stream, the trainer on the main
 stream. Reported: generation alone, training alone, the overlapped step (mean of `steps`), and the
 ratio step / max(generation, training) (1.0 = perfect overlap, 2.0 = no overlap at all for equal parts).
@@ -17,10 +18,10 @@ import time
 import torch
 
 from grpokit.bench.generate import device_name, engine_generate
-from grpokit.bench.shapes import build_model
+from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import sync, timed
-from grpokit.bench.train import lora_model, packed_batch
-from grpokit.logprobs import packed_token_logprobs
+from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+from grpokit.types import TrainingBatch
 
 
 def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, micro_tokens: int, steps: int, dtype: torch.dtype, device: str) -> dict:
@@ -29,18 +30,17 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, micro_tok
     prompts = torch.randint(3, engine_model.config.vocab_size, (batch, prompt_len), generator=g).tolist()
     _, generate = engine_generate(engine_model, prompts, new_tokens, cuda_graphs=True, compile=device.startswith("cuda"))
 
-    lm = lora_model(model_name, dtype, device, 16, checkpointing=True, varlen=True, compile=device.startswith("cuda"))
+    with model_folder(model_name, dtype, device) as folder:
+        policy = bench_policy(folder, dtype, device, 16, 1024, checkpointing=True, compile=device.startswith("cuda"))
     seq_len = prompt_len + new_tokens
     total = batch * seq_len
-    micro = [packed_batch(micro_tokens, seq_len, lm.config.vocab_size, device) for _ in range(-(-total // micro_tokens))]
-    opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5, fused=device.startswith("cuda"))
+    mb = micro_batch(micro_tokens, seq_len, policy.lm.config.vocab_size, device)
+    train_batch = TrainingBatch(step=0, micro_batches=[mb] * -(-total // micro_tokens))
+    opt = policy_optimizer(policy)
+    sample_with_policy(policy, train_batch)
 
     def train() -> None:
-        for ids_T, pos_T, lens_N, adv_T in micro:
-            lp_T = packed_token_logprobs(lm, ids_T, pos_T, lens_N, chunk_size=1024, compile=device.startswith("cuda"))
-            (-(lp_T * adv_T).sum() / total).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(policy, opt, train_batch)
 
     generate()  # warm-ups: compile and capture
     train()

@@ -1,57 +1,40 @@
 """`grpokit bench train`: one LoRA policy-gradient step on `tokens` packed tokens, grpokit vs naive.
 
-Both paths train the same LoRA adapter (rank `lora_rank` on q/k/v/o) on the same packed micro-batch
-(sequences of `seq_len` tokens) with the loss -sum(logprob * advantage) / tokens and AdamW:
+Both paths train the same LoRA adapter (rank `lora_rank`, alpha 2 x rank, on q/k/v/o) of the same
+weights on the same packed micro-batch (sequences of `seq_len` tokens, a random advantage per token):
 - naive: the model's full logits, a float32 log_softmax over the whole vocabulary, sequences kept
-  apart by a dense block-diagonal [T, T] mask (grpokit's CPU default), no activation checkpointing;
-- grpokit: what `grpokit fit` runs on CUDA: varlen attention (grpokit.varlen), log-probabilities in
-  chunks of `chunk_size` tokens (grpokit.logprobs.chunked_logprobs), activation checkpointing, fused
-  AdamW on CUDA;
+  apart by a dense block-diagonal [T, T] mask (grpokit's CPU default), no activation checkpointing,
+  the loss -sum(logprob * advantage) / tokens, AdamW;
+- grpokit: what `grpokit fit` runs, through grpokit.policy.Policy (grpokit.bench.trainer): varlen
+  attention (grpokit.varlen), log-probabilities in chunks of `chunk_size` tokens
+  (grpokit.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
+  the engine's logprobs set to the policy's own before the first step), gradient clipping at 1.0,
+  Policy's AdamW;
 - grpokit_compile: the same with `model.compile: true` (each decoder layer torch.compiled);
 - grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute);
 - grpokit_compile_budget_B: compiled without checkpointing, but AOTAutograd recomputes the cheapest
-  activations so that each layer saves at most the fraction B of them
-  (torch._functorch.config.activation_memory_budget).
+  activations so that each layer saves at most the fraction B of them (`model.activation_memory_budget`).
 Reported: tokens/s and ms per step (mean of `steps` after one warm-up), peak memory, the ratios, and
-the largest difference between the two paths' log-probabilities on the first step.
+the largest difference between the two paths' log-probabilities before the first update.
 """
-
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from grpokit.bench.generate import device_name
-from grpokit.bench.shapes import build_model
+from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import peak_gib, reset_peak, timed
-from grpokit.logprobs import packed_token_logprobs
+from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, packed_batch, policy_optimizer, sample_with_policy
+from grpokit.types import TrainingBatch
 
 
-def packed_batch(tokens: int, seq_len: int, vocab: int, device: str):
-    lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
-    g = torch.Generator().manual_seed(0)
-    ids_T = torch.randint(3, vocab, (tokens,), generator=g).to(device)
-    pos_T = torch.cat([torch.arange(n) for n in lens]).to(device)
-    adv_T = torch.randn(tokens, generator=g).to(device)
-    return ids_T, pos_T, torch.tensor(lens, device=device), adv_T
-
-
-def lora_model(name: str, dtype: torch.dtype, device: str, rank: int, checkpointing: bool, varlen: bool, compile: bool = False):
+def naive_lora_model(name: str, dtype: torch.dtype, device: str, rank: int):
     from peft import LoraConfig, get_peft_model
 
     lm = build_model(name, dtype, device)
-    if checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lm = get_peft_model(lm, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
-    if checkpointing:
-        lm.enable_input_require_grads()
-    if varlen:
-        from grpokit.varlen import use_varlen
-
-        use_varlen(lm)
-    if compile:
-        from grpokit.models import compile_decoder_layers
-
-        compile_decoder_layers(lm)
     return lm.train()
 
 
@@ -64,17 +47,45 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
     return torch.cat([picked.new_zeros(1), torch.where(pos_T[1:] == 0, torch.zeros_like(picked), picked)])
 
 
-VARIANTS = {  # name: (fast path, activation checkpointing, compile, compiled-region activation memory budget)
-    "grpokit": (True, True, False, None),
-    "grpokit_compile": (True, True, True, None),
-    "grpokit_compile_no_ckpt": (True, False, True, None),
-    "grpokit_compile_budget_0.5": (True, False, True, 0.5),
-    "grpokit_compile_budget_0.2": (True, False, True, 0.2),
-    "naive": (False, False, False, None),
+def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int):
+    """The naive path's step (loss -sum(logprob * advantage) / tokens, AdamW) and its first logprobs."""
+    lm = naive_lora_model(model_name, dtype, device, lora_rank)
+    ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device)
+    opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5)
+
+    def step():
+        lp_T = naive_logprobs(lm, ids_T, pos_T, lens_N)
+        (-(lp_T * adv_T).sum() / tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return lp_T.detach()
+
+    return step, step()  # the first call is the warm-up (same initial weights in both paths: seed 0)
+
+
+VARIANTS = {  # grpokit variant: (activation checkpointing, compile, compiled-region activation memory budget)
+    "grpokit": (True, False, None),
+    "grpokit_compile": (True, True, None),
+    "grpokit_compile_no_ckpt": (False, True, None),
+    "grpokit_compile_budget_0.5": (False, True, 0.5),
+    "grpokit_compile_budget_0.2": (False, True, 0.2),
 }
 
 
+def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, variant: str):
+    """The Policy's optimizer step for `variant` and its logprobs before the first update (then one warm-up step)."""
+    ckpt, compile, budget = VARIANTS[variant]
+    policy = bench_policy(model, dtype, device, lora_rank, chunk_size, checkpointing=ckpt, compile=compile, activation_memory_budget=budget)
+    batch = TrainingBatch(step=0, micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device)])
+    opt = policy_optimizer(policy)
+    first_logprobs_T = sample_with_policy(policy, batch)
+    step = functools.partial(optimizer_step, policy, opt, batch)
+    step()  # warm-up (compiles)
+    return step, first_logprobs_T
+
+
 def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16, baseline: bool = True, variants: list[str] | None = None) -> dict:
+    import torch._functorch.config as functorch_config
     import transformers
 
     out = {"bench": "train", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
@@ -82,29 +93,21 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
            "torch": torch.__version__, "transformers": transformers.__version__}
     first_logprobs = {}
     names = variants or (["grpokit"] + (["naive"] if baseline else []))
-    for name in names:
-        fast, ckpt, compile, budget = VARIANTS[name]
-        import torch._functorch.config as functorch_config
-
-        functorch_config.activation_memory_budget = 1.0 if budget is None else budget
-        torch._dynamo.reset()  # recompile under this variant's budget
-        reset_peak(device)
-        lm = lora_model(model_name, dtype, device, lora_rank, checkpointing=ckpt, varlen=fast, compile=compile)
-        ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device)
-        params = [p for p in lm.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-5, fused=device.startswith("cuda") and fast)
-
-        def step():
-            lp_T = packed_token_logprobs(lm, ids_T, pos_T, lens_N, chunk_size=chunk_size, compile=compile) if fast else naive_logprobs(lm, ids_T, pos_T, lens_N)
-            (-(lp_T * adv_T).sum() / tokens).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return lp_T.detach()
-
-        first_logprobs[name] = step()  # warm-up (same initial weights in both paths: seed 0)
-        seconds, _ = timed(step, device, repeats=steps)
-        out[name] = {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds, "peak_gib": peak_gib(device)}
-        del lm, opt, params
+    unknown = sorted(set(names) - set(VARIANTS) - {"naive"})
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}: choose from {sorted(VARIANTS) + ['naive']}")
+    with model_folder(model_name, dtype, device) as folder:
+        for name in names:
+            functorch_config.activation_memory_budget = 1.0  # Policy sets it for a variant with a budget
+            torch._dynamo.reset()  # recompile under this variant's budget
+            reset_peak(device)
+            if name == "naive":
+                step, first_logprobs[name] = naive_step(model_name, tokens, seq_len, dtype, device, lora_rank)
+            else:
+                step, first_logprobs[name] = grpokit_step(folder, tokens, seq_len, dtype, device, lora_rank, chunk_size, name)
+            seconds, _ = timed(step, device, repeats=steps)
+            out[name] = {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds, "peak_gib": peak_gib(device)}
+            del step  # frees the model before the next variant's peak is measured
     for name in names:
         if name != "naive" and "naive" in out:
             out[name]["speedup_vs_naive"] = out[name]["tokens_per_s"] / out["naive"]["tokens_per_s"]

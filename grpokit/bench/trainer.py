@@ -1,0 +1,83 @@
+"""The trainer side of the benches: a grpokit.policy.Policy built as `grpokit fit` builds it, and its step.
+
+`bench train`, `bench step` and bench/gpu_profile_train.py time this, so what they measure is what fit
+runs: Policy.configure_model (peft LoRA, gradient checkpointing, the attention backend, compiled
+decoder layers, the activation memory budget) and, per optimizer step, Policy.loss_inputs (chunked
+log-probabilities) -> Policy.loss -> backward per micro-batch, then Policy's gradient clipping, its
+non-finite guard and the optimizer Policy.configure_optimizers builds. Left out: Lightning's loop, the
+lr schedule (it needs a Trainer), the per-micro-batch metrics and the step's logging.
+
+Shape legend: T packed tokens of a micro-batch, N sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.policy import LoraSettings, Policy
+from grpokit.quantization import build_optimizer
+from grpokit.types import MicroBatch, TrainingBatch
+
+
+def bench_policy(model: str, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, checkpointing: bool,
+                 compile: bool, activation_memory_budget: float | None = None) -> Policy:
+    """A configured Policy on `device`: LoRA of rank `lora_rank` (alpha 2 x rank) on q/k/v/o of `model`
+    (a name or a folder, see grpokit.bench.shapes.model_folder), varlen attention, the default loss."""
+    policy = Policy(
+        model=model, lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank), lr=1e-5, dtype=str(dtype).removeprefix("torch."),
+        gradient_checkpointing=checkpointing, attention="varlen", logprob_chunk_size=chunk_size, compile=compile,
+        activation_memory_budget=activation_memory_budget,
+    )
+    torch.manual_seed(0)  # the adapter's initialisation, the same in every run
+    policy.configure_model()
+    return policy.to(device)
+
+
+def policy_optimizer(policy: Policy) -> torch.optim.Optimizer:
+    """The optimizer Policy.configure_optimizers builds, over the trainable weights."""
+    params = [p for p in policy.lm.parameters() if p.requires_grad]
+    return build_optimizer(policy.optimizer_name, params, policy.lr, policy.betas, policy.weight_decay)
+
+
+def packed_batch(tokens: int, seq_len: int, vocab: int, device: str):
+    """`tokens` random token ids packed as sequences of `seq_len` (the last one shorter), their positions,
+    the sequence lengths and a random advantage per token (seed 0: the same batch for every path)."""
+    lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+    g = torch.Generator().manual_seed(0)
+    ids_T = torch.randint(3, vocab, (tokens,), generator=g).to(device)
+    pos_T = torch.cat([torch.arange(n) for n in lens]).to(device)
+    adv_T = torch.randn(tokens, generator=g).to(device)
+    return ids_T, pos_T, torch.tensor(lens, device=device), adv_T
+
+
+def micro_batch(tokens: int, seq_len: int, vocab: int, device: str) -> MicroBatch:
+    """packed_batch's tokens and advantages as a MicroBatch; every token but a sequence's first is trained on."""
+    ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, vocab, device)
+    mask_T = (pos_T > 0).float()
+    return MicroBatch(
+        input_ids_T=ids_T, position_ids_T=pos_T, loss_mask_T=mask_T, advantages_T=adv_T * mask_T,
+        inference_logprobs_T=torch.zeros_like(mask_T), seq_lens_N=lens_N, is_truncated_N=torch.zeros_like(lens_N, dtype=torch.bool),
+    )
+
+
+@torch.no_grad()
+def sample_with_policy(policy: Policy, batch: TrainingBatch) -> torch.Tensor:
+    """Set the batch's inference logprobs to the policy's own (an engine with the trainer's weights: the
+    importance ratios start at 1, as in a run); return the first micro-batch's."""
+    for mb in {id(mb): mb for mb in batch.micro_batches}.values():  # a micro-batch may repeat
+        mb.inference_logprobs_T = policy.loss_inputs(mb, batch).trainer_logprobs_T * mb.loss_mask_T
+    return batch.micro_batches[0].inference_logprobs_T
+
+
+def optimizer_step(policy: Policy, opt: torch.optim.Optimizer, batch: TrainingBatch) -> float:
+    """One optimizer step on `batch`, as Policy.training_step takes it on one device; returns the loss."""
+    total = torch.zeros((), dtype=torch.float64)
+    for mb in batch.micro_batches:
+        loss, _ = policy.loss(policy.loss_inputs(mb, batch))
+        loss.backward()
+        total += loss.detach().double().cpu()
+    grad_norm = policy._clip_gradients()
+    if policy.guard.allows_step(float(total), grad_norm, batch, None):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(total)
