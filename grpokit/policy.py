@@ -17,6 +17,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from grpokit.distributed import gather_step, rank_and_world, rank_share
 from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
@@ -258,7 +259,8 @@ class Policy(L.LightningModule):
     def training_step(self, dataloader_iter) -> None:
         # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
-        batch: TrainingBatch = next(dataloader_iter)[0]
+        received: TrainingBatch = next(dataloader_iter)[0]
+        batch = move_data_to_device(received, self.device)  # with the iterator, Lightning leaves the transfer to us
         check_experts(self.loss, batch)
         start, wall_start = time.perf_counter(), time.time()
         opt, sched = self.optimizers(), self.lr_schedulers()
@@ -278,7 +280,7 @@ class Policy(L.LightningModule):
             weights.append(float(inputs.loss_mask_T.sum()))
         totals, mb_metrics, weights = gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
         grad_norm = self._clip_gradients()
-        if self.guard.allows_step(totals, grad_norm, batch, self.trainer.default_root_dir if self._trainer and rank == 0 else None):
+        if self.guard.allows_step(totals, grad_norm, received, self.trainer.default_root_dir if self._trainer and rank == 0 else None):
             opt.step()
         else:
             self._count_skipped_step()
