@@ -264,14 +264,38 @@ class Policy(L.LightningModule):
         check_experts(self.loss, batch)
         start, wall_start = time.perf_counter(), time.time()
         opt, sched = self.optimizers(), self.lr_schedulers()
+        result = self.train_batch(batch, opt, received)
+        if not result.stepped:
+            self._count_skipped_step()
+        sched.step()
+        logs = {"loss": result.loss, "grad_norm": result.grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
+        logs["skipped_steps"] = float(self.guard.skipped)
+        if self.noise_scheduler is not None:
+            logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
+        logs.update(weighted_mean(result.metrics, result.weights))
+        logs.update(batch.metrics)
+        logs["train_time"] = time.perf_counter() - start
+        logs["weight_sync_time"] = self.last_weight_sync_time
+        now = time.perf_counter()
+        logs["step_time"], self._last_step_end = now - (self._last_step_end or start), now
+        self._log_step(batch.step, logs)
+        if self._trainer is not None and self.trainer.default_root_dir and self.trainer.is_global_zero:
+            record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
+
+    def train_batch(self, batch: TrainingBatch, opt: torch.optim.Optimizer, received: TrainingBatch | None = None) -> StepResult:
+        """One optimizer step on `batch` (on the training device): this rank's share of the micro-batches
+        (grpokit.distributed) forward and backward, the step's loss and metrics gathered from every rank,
+        gradient clipping, and the optimizer step unless the non-finite guard refuses it (it then saves
+        `received`, the batch as it arrived, to bad_batches/). What training_step runs and `grpokit bench` times.
+        """
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
-        rank, world = rank_and_world()  # several DDP ranks: each trains its share (grpokit.distributed)
+        rank, world = rank_and_world()  # several ranks: each trains its share
         share = rank_share(batch.micro_batches, rank, world, equal=self.sharded)  # FSDP2: every forward is a collective
         for i, (mb, counts) in enumerate(share):
             inputs = self.loss_inputs(mb, batch)
             loss, metrics = self.loss(inputs)
             with self._gradient_sync(i == len(share) - 1):
-                self.manual_backward(loss * world)  # DDP averages over ranks: the sum over micro-batches stays
+                self._backward(loss * world)  # DDP averages over ranks: the sum over micro-batches stays
             if not counts:
                 continue
             totals += loss.detach().double().cpu()
@@ -280,25 +304,16 @@ class Policy(L.LightningModule):
             weights.append(float(inputs.loss_mask_T.sum()))
         totals, mb_metrics, weights = gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
         grad_norm = self._clip_gradients()
-        if self.guard.allows_step(totals, grad_norm, received, self.trainer.default_root_dir if self._trainer and rank == 0 else None):
+        bad_dir = self.trainer.default_root_dir if self._trainer is not None and rank == 0 else None
+        stepped = self.guard.allows_step(totals, grad_norm, received if received is not None else batch, bad_dir)
+        if stepped:
             opt.step()
-        else:
-            self._count_skipped_step()
         opt.zero_grad(set_to_none=True)
-        sched.step()
-        logs = {"loss": totals, "grad_norm": grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
-        logs["skipped_steps"] = float(self.guard.skipped)
-        if self.noise_scheduler is not None:
-            logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
-        logs.update(weighted_mean(mb_metrics, weights))
-        logs.update(batch.metrics)
-        logs["train_time"] = time.perf_counter() - start
-        logs["weight_sync_time"] = self.last_weight_sync_time
-        now = time.perf_counter()
-        logs["step_time"], self._last_step_end = now - (self._last_step_end or start), now
-        self._log_step(batch.step, logs)
-        if self._trainer is not None and self.trainer.default_root_dir and rank == 0:
-            record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
+        return StepResult(totals, grad_norm, mb_metrics, weights, stepped)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Lightning's manual_backward under a Trainer (precision, strategy hooks); plain backward without (bench)."""
+        self.manual_backward(loss) if self._trainer is not None else loss.backward()
 
     def _gradient_sync(self, sync: bool):
         """A context that skips the gradient all-reduce (DDP's no_sync) or reduce-scatter (FSDP2) of a
@@ -376,6 +391,19 @@ class Policy(L.LightningModule):
         max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+@dataclass
+class StepResult:
+    """What Policy.train_batch reports: the step's loss (summed over micro-batches and ranks), the
+    gradient norm before clipping, every counted micro-batch's metrics and loss-token weight, and whether
+    the optimizer stepped (False: the non-finite guard skipped it)."""
+
+    loss: float
+    grad_norm: float
+    metrics: list[dict]
+    weights: list[float]
+    stepped: bool
 
 
 def check_experts(loss: Loss, batch: TrainingBatch) -> None:

@@ -2,10 +2,10 @@
 
 `bench train`, `bench step` and bench/gpu_profile_train.py time this, so what they measure is what fit
 runs: Policy.configure_model (peft LoRA, gradient checkpointing, the attention backend, compiled
-decoder layers, the activation memory budget) and, per optimizer step, Policy.loss_inputs (chunked
-log-probabilities) -> Policy.loss -> backward per micro-batch, then Policy's gradient clipping, its
-non-finite guard and the optimizer Policy.configure_optimizers builds. Left out: Lightning's loop, the
-lr schedule (it needs a Trainer), the per-micro-batch metrics and the step's logging.
+decoder layers, the activation memory budget) and, per optimizer step, Policy.train_batch (chunked
+log-probabilities -> loss -> backward per micro-batch, gradient clipping, the non-finite guard, the
+optimizer step) with the optimizer Policy.configure_optimizers builds. Left out: Lightning's loop, the
+lr schedule (it needs a Trainer) and the step's logging.
 
 Shape legend: T packed tokens of a micro-batch, N sequences.
 """
@@ -70,14 +70,5 @@ def sample_with_policy(policy: Policy, batch: TrainingBatch) -> torch.Tensor:
 
 
 def optimizer_step(policy: Policy, opt: torch.optim.Optimizer, batch: TrainingBatch) -> float:
-    """One optimizer step on `batch`, as Policy.training_step takes it on one device; returns the loss."""
-    total = torch.zeros((), dtype=torch.float64)
-    for mb in batch.micro_batches:
-        loss, _ = policy.loss(policy.loss_inputs(mb, batch))
-        loss.backward()
-        total += loss.detach().double().cpu()
-    grad_norm = policy._clip_gradients()
-    if policy.guard.allows_step(float(total), grad_norm, batch, None):
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(total)
+    """One optimizer step on `batch`: Policy.train_batch, what Policy.training_step runs; returns the loss."""
+    return policy.train_batch(batch, opt).loss
