@@ -9,6 +9,7 @@ Components are built with their defaults: every argument of a component needs a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -270,3 +271,19 @@ class ScriptedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def serving(model: str, broadcast=None, model_name: str = "tiny"):
+    """The builtin engine (CPU) on `model` behind grpokit's OpenAI-compatible server on a free loopback
+    port, following `broadcast` if given; yields (engine, server) and closes the server after."""
+    from grpokit.inference.builtin import BuiltinEngine
+    from grpokit.inference.server import make_app, make_server
+
+    engine = BuiltinEngine(device="cpu")
+    engine.setup(model)
+    server = make_server(make_app(engine, engine.tokenizer, model_name=model_name, broadcast=broadcast), port=0).start()
+    try:
+        yield engine, server
+    finally:
+        server.close()

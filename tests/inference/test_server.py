@@ -8,32 +8,21 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference import SamplingSettings
-from grpokit.inference.builtin import BuiltinEngine
-from grpokit.inference.server import make_app, make_server
 from grpokit.logprobs import packed_token_logprobs
 from grpokit.metrics import mismatch_metrics
+from grpokit.testing import serving
 from grpokit.types import WeightUpdate
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
 PROMPT_IDS = [1, 520, 9531, 198]
 
 
-@contextmanager
-def serving(tiny_model, broadcast=None):
-    engine = BuiltinEngine(device="cpu")
-    engine.setup(tiny_model)
-    server = make_server(make_app(engine, engine.tokenizer, model_name="tiny", broadcast=broadcast), port=0).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")

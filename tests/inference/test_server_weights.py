@@ -9,7 +9,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import pytest
 import torch
@@ -21,22 +21,13 @@ from grpokit.checksums import tensors_sha256
 from grpokit.env import EnvSpec
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.remote import RemoteEngine, RemoteError
-from grpokit.inference.server import make_app, make_server
 from grpokit.models import load_causal_lm, load_tokenizer
 from grpokit.orchestrator import Orchestrator
 from grpokit.orchestrator.weights import ServedWeights, weight_source
+from grpokit.testing import serving
 from grpokit.types import WeightUpdate
 
 
-@contextmanager
-def serving(tiny_model, broadcast):
-    engine = BuiltinEngine(device="cpu")
-    engine.setup(tiny_model)
-    server = make_server(make_app(engine, engine.tokenizer, model_name="tiny", broadcast=broadcast), port=0).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
 
 
 def get(url: str) -> tuple[int, dict]:

@@ -3,6 +3,7 @@ transports over the filesystem broadcast, and the broadcasts only the server may
 over gloo, IPCBroadcast's shared memory), where the orchestrator learns the trainer's progress from the
 server's GET /v1/weights."""
 
+import contextlib
 import csv
 import json
 import signal
@@ -24,9 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_three_roles(tmp_path: Path, tiny_model: str, http_port: int, steps: int, extra: list[str], train_extra: list[str] = ()) -> dict[str, subprocess.Popen]:
-    """Start train, orchestrate and infer (in that order: each waits for the others); wait for the trainer
-    and the orchestrator to finish. The server is left running; the caller stops it."""
+@contextlib.contextmanager
+def three_roles(tmp_path: Path, tiny_model: str, http_port: int, steps: int, extra: list[str], train_extra: list[str] = ()):
+    """Start train, orchestrate and infer (in that order: each waits for the others) and yield them by role;
+    whatever still runs on leaving is killed."""
     common = [
         "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "mp", "--model.model", tiny_model,
         "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
@@ -39,7 +41,13 @@ def run_three_roles(tmp_path: Path, tiny_model: str, http_port: int, steps: int,
     log = {role: open(tmp_path / f"{role}.log", "w") for role in ("infer", "orchestrate", "train")}
     argv = {role: [sys.executable, "-m", "grpokit.cli", role, *common] for role in log}
     argv["train"] += train_extra
-    return {role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT) for role in ("train", "orchestrate", "infer")}
+    procs = {role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT) for role in ("train", "orchestrate", "infer")}
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
 
 
 def check_run(run: Path, steps: int) -> None:
@@ -67,14 +75,9 @@ def wait_ok(procs: dict, tmp_path: Path) -> None:
 def test_three_processes_train_together(tmp_path, tiny_model, transport):
     http_port = free_port()
     extra = ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())] if transport == "zmq" else []
-    procs = run_three_roles(tmp_path, tiny_model, http_port, STEPS, extra)
-    try:
+    with three_roles(tmp_path, tiny_model, http_port, STEPS, extra) as procs:
         wait_ok(procs, tmp_path)
         stop(procs, tmp_path)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
     run = tmp_path / "mp"
     check_run(run, STEPS)
     stable = sorted(int(p.parent.name[5:]) for p in (run / "broadcasts").glob("step_*/STABLE"))
@@ -93,16 +96,11 @@ def test_three_processes_with_a_broadcast_only_the_server_polls(tmp_path, tiny_m
     engine); the server's weights after the run are the trainer's last published ones, bit for bit."""
     steps, http_port = 3, free_port()
     checksums = ["--trainer.callbacks+=grpokit.callbacks.RankChecksums"]  # the trainer's sha256 per step
-    procs = run_three_roles(tmp_path, tiny_model, http_port, steps, BROADCASTS[broadcast](), checksums)
-    try:
+    with three_roles(tmp_path, tiny_model, http_port, steps, BROADCASTS[broadcast](), checksums) as procs:
         wait_ok(procs, tmp_path)
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/weights?sha256=true", timeout=60) as r:
             served = json.loads(r.read())
         stop(procs, tmp_path)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
     run = tmp_path / "mp"
     check_run(run, steps)
     trained = {row["step"]: row["sha256"] for row in map(json.loads, open(run / "rank_checksums" / "rank_0.jsonl"))}
