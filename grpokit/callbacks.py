@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import lightning as L
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.checksums import tensors_sha256
+
+log = logging.getLogger(__name__)
 
 
 class WeightSync(L.Callback):
@@ -54,6 +57,19 @@ class WeightSync(L.Callback):
         start = time.perf_counter()
         self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
+
+
+class ShareBaseWeights(L.Callback):
+    """Co-locate `fit` with LoRA: the engine samples with the trainer's frozen base weights instead of a
+    copy of its own (BuiltinEngine.share_base_weights), once the trainer's model is on its device and
+    before the first weights are published (so before WeightSync's on_train_start)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        shared = self.engine.share_base_weights(pl_module.lm)
+        log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
 
 
 class RankChecksums(L.Callback):

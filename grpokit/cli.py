@@ -18,7 +18,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.callbacks import WeightSync
+from grpokit.callbacks import ShareBaseWeights, WeightSync
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, resume_path
 from grpokit.components import clashes, components, discover
 from grpokit.distributed import check_trainer_processes
@@ -113,6 +113,8 @@ class GrpoCLI(LightningCLI):
         self._discard_stale_weights(broadcast)
         engine.setup(self.model.model_name)
         self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer)
+        if getattr(engine, "share_weights", False) and self.model.lora is not None:
+            self.trainer.callbacks.append(ShareBaseWeights(engine))  # before WeightSync: shared before the first publish
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
         vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself

@@ -3,8 +3,9 @@
 Runs on any device torch runs on. Two paths over the same model: the plain sampler (HF forward with
 a DynamicCache, left-padded batches) and the fast path (grpokit.inference.fast: static KV cache,
 decode steps replayed from CUDA graphs, continuous batching), the default on CUDA. LoRA updates are
-loaded into a peft wrapper of a private copy of the base model (in place, so captured graphs stay
-valid), so the engine never shares tensors with the trainer by accident.
+loaded into a peft wrapper of the base model (in place, so captured graphs stay valid). The base model
+is the engine's own copy, except in co-locate `fit` with LoRA, where `share_base_weights` points it at
+the trainer's frozen base weights (one copy in memory instead of two; grpokit.callbacks.ShareBaseWeights).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class BuiltinEngine(InferenceEngine):
         max_model_len: int | None = None,
         cuda_graphs: bool = True,
         compile: bool = True,
+        share_weights: bool = True,
     ) -> None:
         """
         Args:
@@ -54,13 +56,15 @@ class BuiltinEngine(InferenceEngine):
             cuda_graphs: replay decode steps from CUDA graphs on the fast path (CUDA only).
             compile: fuse the decode step's elementwise work with torch.compile (CUDA only; the first
                 generate call compiles, about a minute, per slot bucket in use).
+            share_weights: in co-locate `fit` with LoRA, sample with the trainer's frozen base weights
+                instead of a second copy (share_base_weights); false keeps the engine's own copy.
         """
         self.dtype = parse_dtype(dtype)
         self.max_batch_size = max_batch_size
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.fast = fast == "on" or (fast == "auto" and str(self.device).startswith("cuda"))
         self.max_model_len = max_model_len
-        self.cuda_graphs, self.compile = cuda_graphs, compile
+        self.cuda_graphs, self.compile, self.share_weights = cuda_graphs, compile, share_weights
         self.model = None
         self.runner = None
         self.weight_step = -1
@@ -91,6 +95,38 @@ class BuiltinEngine(InferenceEngine):
         if update.norm_tensors:
             apply_norm_weights(self.model, update.norm_tensors)
         self.weight_step = update.step
+
+    def share_base_weights(self, trainer_model: torch.nn.Module) -> int:
+        """Co-locate with LoRA: point this engine's base weights at the trainer's frozen copies of the same
+        weights (same name, shape, dtype and device), freeing the engine's own; returns the bytes shared.
+
+        Only frozen trainer weights are taken (under full fine-tuning every weight trains, so nothing is
+        shared: the engine must keep the weights of the step it samples with), never RMSNorm weights
+        (QeRL's noisy norms are written into the engine's in place) nor anything the trainer holds
+        quantized or sharded (dtype or shape differ). Captured CUDA graphs read the old addresses, so
+        the fast path's runner is rebuilt.
+        """
+        from grpokit.models import unwrap_peft
+        from grpokit.norm_noise import norm_weights
+
+        def base_name(name: str) -> str:
+            return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+        frozen = {base_name(n): p for n, p in trainer_model.named_parameters() if not p.requires_grad}
+        norms = set(norm_weights(self.model))
+        shared, seen = 0, set()
+        for name, param in unwrap_peft(self.model).named_parameters():
+            source = frozen.get(base_name(name))
+            if name in norms or source is None or id(param) in seen or type(source.data) is not torch.Tensor:
+                continue
+            if (source.shape, source.dtype, source.device) != (param.shape, param.dtype, param.device):
+                continue
+            seen.add(id(param))
+            param.data = source.data
+            shared += param.numel() * param.element_size()
+        if shared:
+            self.runner = None
+        return shared
 
     def weights_sha256(self) -> str:
         """The adapter loaded into the peft wrapper (as the trainer's `get_peft_model_state_dict`
