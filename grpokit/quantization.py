@@ -112,7 +112,9 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, 
     validate_choice("model.optimizer", name, OPTIMIZERS)
     params = list(params)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
+        # one fused kernel per step on CUDA (plain tensors; FSDP2's DTensors keep foreach), foreach elsewhere
+        fused = bool(params) and all(p.device.type == "cuda" and type(p.data) is torch.Tensor for p in params)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True}))
     bnb = require_bitsandbytes("model.optimizer", name)
     cls = bnb.optim.AdamW8bit if name == "adamw_8bit" else bnb.optim.PagedAdamW8bit
     return cls(params, lr=lr, betas=betas, weight_decay=weight_decay)
