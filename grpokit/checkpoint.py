@@ -97,15 +97,35 @@ def archive_progress(run_dir: Path) -> Path:
     return dest
 
 
+def newest_archive(run_dir: Path) -> Path:
+    """The newest `archive/progress_<time>/` of a run (archive_progress's names sort by time)."""
+    archives = sorted((Path(run_dir) / "archive").glob("progress_*"))
+    if not archives:
+        raise FileNotFoundError(f"ckpt.skip_progress: no checkpoints in {run_dir}/checkpoints and no archive/progress_* in {run_dir}")
+    return archives[-1]
+
+
+def started_as_other_rank() -> bool:
+    """Whether a launcher started this process as a trainer rank other than global rank 0 (Lightning's
+    launcher sets LOCAL_RANK / NODE_RANK for the ranks it starts; torchrun sets RANK), before any
+    process group exists."""
+    return any(int(os.environ.get(k) or 0) > 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
 class LoadWeights(L.Callback):
     """Loads a checkpoint's trainable weights into the policy when fit starts (ckpt.skip_progress).
 
     Runs at on_fit_start, after configure_model built the model and before the step-0 weights are
-    published, so the engine samples step 0 with these weights.
+    published, so the engine samples step 0 with these weights. The checkpoint is read from the newest
+    archive (rank 0 archived the earlier count before the trainer's ranks met, so every rank finds it).
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, run_dir: Path, relative: Path) -> None:
+        self.run_dir, self.relative = Path(run_dir), Path(relative)
+
+    @property
+    def path(self) -> Path:
+        return newest_archive(self.run_dir) / self.relative
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state = torch.load(self.path, map_location="cpu", weights_only=True)["state_dict"]

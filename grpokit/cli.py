@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
-from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, resume_path
+from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.components import clashes, components, discover
 from grpokit.distributed import check_trainer_processes
 from grpokit.inference import InferenceEngine
@@ -82,7 +82,10 @@ class GrpoCLI(LightningCLI):
         self.restore_buffer = not config.ckpt.skip_buffer
         resuming = config.ckpt.resume_step is not None and not config.ckpt.skip_progress
         if config.ckpt.resume_step is not None and (resuming or self.subcommand):
-            path, step = resume_path(self.run_dir / "checkpoints", config.ckpt.resume_step)
+            folder = self.run_dir / "checkpoints"
+            if config.ckpt.skip_progress and not checkpoint_steps(folder) and started_as_other_rank():
+                folder = newest_archive(self.run_dir) / "checkpoints"  # rank 0 archived the earlier count before starting this rank
+            path, step = resume_path(folder, config.ckpt.resume_step)
             if resuming:
                 self.start_step = step
             if self.subcommand and resuming:  # the trainer's process loads the checkpoint
@@ -132,15 +135,17 @@ class GrpoCLI(LightningCLI):
 
     def _restart_count(self, path: Path, step: int) -> None:
         """ckpt.skip_progress: archive the earlier count's files, keep its easy/hard pools (unless
-        ckpt.skip_buffer), and load the checkpoint's weights when fit starts."""
+        ckpt.skip_buffer), and load the checkpoint's weights when fit starts. Global rank 0 alone
+        archives; every rank loads the weights from the archive (LoadWeights)."""
         from grpokit.orchestrator.pools import restart_log
 
-        archive = archive_progress(self.run_dir)
-        data = self.datamodule
-        if data.buffer.uses_pools:
-            restart_log(self.run_dir / "buffer.jsonl", data.shape.locate(step)[0] if self.restore_buffer else None)
-        self.trainer.callbacks.append(LoadWeights(archive / path.relative_to(self.run_dir)))
-        print(f"ckpt.skip_progress: counting from step 0 with the weights of {path.name}; the earlier files are in {archive}", file=sys.stderr)
+        if self.trainer.is_global_zero:
+            archive = archive_progress(self.run_dir)
+            data = self.datamodule
+            if data.buffer.uses_pools:
+                restart_log(self.run_dir / "buffer.jsonl", data.shape.locate(step)[0] if self.restore_buffer else None)
+            print(f"ckpt.skip_progress: counting from step 0 with the weights of {path.name}; the earlier files are in {archive}", file=sys.stderr)
+        self.trainer.callbacks.append(LoadWeights(self.run_dir, Path("checkpoints") / path.name))
 
     def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]

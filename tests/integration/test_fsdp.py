@@ -72,3 +72,20 @@ def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, t
     resumed = load_file(single / "broadcasts" / f"step_{STEPS}" / "model.safetensors")
     assert max(float((resumed[k] - sharded_step3[k]).abs().max()) for k in base) < 1e-6
     assert loss_at(single, 2) == pytest.approx(sharded_loss, rel=1e-5, abs=1e-7)
+
+
+def test_fsdp2_restarts_the_count_from_a_checkpoint_on_every_rank(tmp_path, tiny_model):
+    """ckpt.skip_progress with 2 ranks: rank 0 archives the earlier count before the other rank starts,
+    which then finds the checkpoint in the archive; every rank loads its shards of the weights, and the
+    new count's step 0 publishes exactly them."""
+    fsdp = ("--trainer.strategy", "fsdp2", "--trainer.devices", "2")
+    run(tiny_fit_argv(tmp_path, tiny_model, "count", *COMMON, *fsdp, "--trainer.max_steps", "2"), tmp_path / "first.log")
+    run_dir = tmp_path / "count"
+    trained = load_file(run_dir / "broadcasts" / "step_2" / "model.safetensors")
+    restart = ("--ckpt.resume_step", "-1", "--ckpt.skip_progress", "true", "--trainer.max_steps", "1")
+    run(tiny_fit_argv(tmp_path, tiny_model, "count", *COMMON, *fsdp, *restart), tmp_path / "restart.log")
+    (archive,) = (run_dir / "archive").iterdir()
+    assert (archive / "checkpoints" / "step_2.ckpt").exists()
+    restarted = load_file(run_dir / "broadcasts" / "step_0" / "model.safetensors")
+    assert all(torch.equal(restarted[k], trained[k]) for k in trained)
+    assert sorted(int(d.name[5:]) for d in (run_dir / "broadcasts").glob("step_*")) == [0, 1]
