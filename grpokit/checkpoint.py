@@ -109,7 +109,8 @@ def started_as_other_rank() -> bool:
     """Whether a launcher started this process as a trainer rank other than global rank 0 (Lightning's
     launcher sets LOCAL_RANK / NODE_RANK for the ranks it starts; torchrun sets RANK), before any
     process group exists."""
-    return any(int(os.environ.get(k) or 0) > 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+    ranks = (os.environ.get("RANK"), os.environ.get("LOCAL_RANK"), os.environ.get("NODE_RANK"))
+    return any(int(r or 0) > 0 for r in ranks)
 
 
 class LoadWeights(L.Callback):
