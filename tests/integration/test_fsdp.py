@@ -89,3 +89,31 @@ def test_fsdp2_restarts_the_count_from_a_checkpoint_on_every_rank(tmp_path, tiny
     restarted = load_file(run_dir / "broadcasts" / "step_0" / "model.safetensors")
     assert all(torch.equal(restarted[k], trained[k]) for k in trained)
     assert sorted(int(d.name[5:]) for d in (run_dir / "broadcasts").glob("step_*")) == [0, 1]
+
+
+def test_fsdp2_run_killed_mid_training_resumes_to_the_end(tmp_path, tiny_model):
+    """SIGKILL of the whole 2-rank FSDP2 run (both processes, as a crashed node) after a checkpoint
+    exists, then `--ckpt.resume_step -1` on 2 ranks again: every step is trained exactly once in the
+    end, and the final weights are published."""
+    import signal
+    import time
+
+    steps, run_dir = 6, tmp_path / "kill"
+    argv = tiny_fit_argv(tmp_path, tiny_model, "kill", *COMMON, "--trainer.strategy", "fsdp2", "--trainer.devices", "2", "--trainer.max_steps", str(steps))
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", *argv], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "checkpoints" / "step_2.ckpt").exists() and (run_dir / "broadcasts" / "step_3" / "STABLE").exists()):
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.05)
+    finally:
+        alive = proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)  # rank 0 and the rank Lightning started
+        proc.wait()
+    assert alive and not (run_dir / "checkpoints" / f"step_{steps}.ckpt").exists()  # killed mid-run
+    run(argv + ["--ckpt.resume_step", "-1"], tmp_path / "resumed.log")
+    logged = [int(r["step"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r.get("loss")]
+    assert sorted(logged) == list(range(steps))  # each step once: the resumed run rewrote the rows after its checkpoint
+    assert (run_dir / "broadcasts" / f"step_{steps}" / "STABLE").exists() and (run_dir / "checkpoints" / f"step_{steps}.ckpt").exists()
