@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
+from grpokit.models import decoder_layers
+
 
 class FSDP2Strategy(ModelParallelStrategy):
     """Lightning's ModelParallelStrategy as plain FSDP2: one data-parallel dimension over all processes,
@@ -53,24 +55,14 @@ def is_fsdp(strategy) -> bool:
     return isinstance(strategy, ModelParallelStrategy)
 
 
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layers of a Hugging Face causal LM (peft-wrapped or not): `model.model.layers`."""
-    from grpokit.models import unwrap_peft
-
-    base = unwrap_peft(model)
-    layers = getattr(getattr(base, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"trainer.strategy fsdp2: {type(base).__name__} has no model.layers to shard; use trainer.strategy: ddp")
-    return layers
-
-
 def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
     """fully_shard every decoder layer, then the root (embeddings, final norm, LM head) over the
     data-parallel dimension of Lightning's device mesh. In place; returns `model`."""
     from torch.distributed.fsdp import fully_shard
 
+    layers = decoder_layers(model, "trainer.strategy fsdp2: {model} has no model.layers to shard; use trainer.strategy: ddp")
     dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
-    for layer in decoder_layers(model):
+    for layer in layers:
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
     return model

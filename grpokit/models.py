@@ -121,6 +121,16 @@ def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
+def decoder_layers(model: torch.nn.Module, refusal: str) -> torch.nn.ModuleList:
+    """The decoder layers of a Hugging Face causal LM, peft-wrapped or not (`model.model.layers`).
+    A model without them is refused with ValueError(refusal.format(model=<class name>))."""
+    base = unwrap_peft(model)
+    layers = getattr(getattr(base, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(refusal.format(model=type(base).__name__))
+    return layers
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> int:
     """torch.compile each decoder layer in place (regional compilation); return how many were compiled.
 
@@ -129,10 +139,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     working. What it buys: the layer's elementwise work (RMSNorm casts, rotary embeddings, SiLU, LoRA
     scaling, residual adds) fused into a few kernels; measured in docs/benchmarks.md.
     """
-    base = unwrap_peft(model)
-    layers = getattr(getattr(base, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"model.compile: {type(base).__name__} has no model.layers to compile; set model.compile: false")
+    layers = decoder_layers(model, "model.compile: {model} has no model.layers to compile; set model.compile: false")
     for layer in layers:
         layer.compile()
     return len(layers)
