@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from grpokit.bench.shapes import model_folder
-from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+from grpokit.bench.trainer import bench_policy, micro_batch, sample_with_policy
 from grpokit.types import TrainingBatch
 
 
@@ -27,12 +27,12 @@ def main() -> None:
     with model_folder(args.model, torch.bfloat16, "cuda") as folder:
         policy = bench_policy(folder, torch.bfloat16, "cuda", 16, args.chunk_size, checkpointing=bool(args.checkpointing), compile=bool(args.compile))
     batch = TrainingBatch(step=0, micro_batches=[micro_batch(args.tokens, args.seq_len, policy.lm.config.vocab_size, "cuda")])
-    opt = policy_optimizer(policy)
+    opt = policy.make_optimizer()
     sample_with_policy(policy, batch)
-    optimizer_step(policy, opt, batch)  # warm-up
+    policy.train_batch(batch, opt)  # warm-up
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        optimizer_step(policy, opt, batch)
+        policy.train_batch(batch, opt)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60))
 

@@ -384,10 +384,13 @@ class Policy(L.LightningModule):
     def on_train_start(self) -> None:
         self._last_step_end: float | None = time.perf_counter()
 
-    def configure_optimizers(self):
-        params = [p for p in self.lm.parameters() if p.requires_grad]
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """The model.optimizer over the trainable weights (configure_optimizers, and grpokit bench)."""
         check_optimizer(self.optimizer_name, self.device)
-        opt = build_optimizer(self.optimizer_name, params, self.lr, self.betas, self.weight_decay)
+        return build_optimizer(self.optimizer_name, [p for p in self.lm.parameters() if p.requires_grad], self.lr, self.betas, self.weight_decay)
+
+    def configure_optimizers(self):
+        opt = self.make_optimizer()
         max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

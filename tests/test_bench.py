@@ -51,7 +51,7 @@ def test_train_bench_step_is_the_policys_training_step(tmp_path):
     import lightning as L
 
     from grpokit.bench.shapes import model_folder
-    from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+    from grpokit.bench.trainer import bench_policy, micro_batch, sample_with_policy
     from grpokit.types import TrainingBatch
 
     def policy_and_batch(folder):
@@ -68,7 +68,7 @@ def test_train_bench_step_is_the_policys_training_step(tmp_path):
         bench, batch = policy_and_batch(folder)
         fit, fit_batch = policy_and_batch(folder)
     before = adapter(bench)
-    optimizer_step(bench, policy_optimizer(bench), batch)
+    bench.train_batch(batch, bench.make_optimizer())
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(tmp_path))
     trainer.fit(fit, train_dataloaders=Stream([fit_batch]))

@@ -20,7 +20,7 @@ import torch
 from grpokit.bench.generate import device_name, engine_generate
 from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import sync, timed
-from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, policy_optimizer, sample_with_policy
+from grpokit.bench.trainer import bench_policy, micro_batch, sample_with_policy
 from grpokit.types import TrainingBatch
 
 
@@ -36,11 +36,11 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, micro_tok
     total = batch * seq_len
     mb = micro_batch(micro_tokens, seq_len, policy.lm.config.vocab_size, device)
     train_batch = TrainingBatch(step=0, micro_batches=[mb] * -(-total // micro_tokens))
-    opt = policy_optimizer(policy)
+    opt = policy.make_optimizer()
     sample_with_policy(policy, train_batch)
 
     def train() -> None:
-        optimizer_step(policy, opt, train_batch)
+        policy.train_batch(train_batch, opt)
 
     generate()  # warm-ups: compile and capture
     train()

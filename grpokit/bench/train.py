@@ -26,7 +26,7 @@ import torch
 from grpokit.bench.generate import device_name
 from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import peak_gib, reset_peak, timed
-from grpokit.bench.trainer import bench_policy, micro_batch, optimizer_step, packed_batch, policy_optimizer, sample_with_policy
+from grpokit.bench.trainer import bench_policy, micro_batch, packed_batch, sample_with_policy
 from grpokit.types import TrainingBatch
 
 
@@ -77,9 +77,9 @@ def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, devi
     ckpt, compile, budget = VARIANTS[variant]
     policy = bench_policy(model, dtype, device, lora_rank, chunk_size, checkpointing=ckpt, compile=compile, activation_memory_budget=budget)
     batch = TrainingBatch(step=0, micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device)])
-    opt = policy_optimizer(policy)
+    opt = policy.make_optimizer()
     first_logprobs_T = sample_with_policy(policy, batch)
-    step = functools.partial(optimizer_step, policy, opt, batch)
+    step = functools.partial(policy.train_batch, batch, opt)
     step()  # warm-up (compiles)
     return step, first_logprobs_T
 

@@ -4,7 +4,7 @@
 runs: Policy.configure_model (peft LoRA, gradient checkpointing, the attention backend, compiled
 decoder layers, the activation memory budget) and, per optimizer step, Policy.train_batch (chunked
 log-probabilities -> loss -> backward per micro-batch, gradient clipping, the non-finite guard, the
-optimizer step) with the optimizer Policy.configure_optimizers builds. Left out: Lightning's loop, the
+optimizer step) with Policy.make_optimizer, the optimizer fit uses. Left out: Lightning's loop, the
 lr schedule (it needs a Trainer) and the step's logging.
 
 Shape legend: T packed tokens of a micro-batch, N sequences.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from grpokit.policy import LoraSettings, Policy
-from grpokit.quantization import build_optimizer
 from grpokit.types import MicroBatch, TrainingBatch
 
 
@@ -31,12 +30,6 @@ def bench_policy(model: str, dtype: torch.dtype, device: str, lora_rank: int, ch
     torch.manual_seed(0)  # the adapter's initialisation, the same in every run
     policy.configure_model()
     return policy.to(device)
-
-
-def policy_optimizer(policy: Policy) -> torch.optim.Optimizer:
-    """The optimizer Policy.configure_optimizers builds, over the trainable weights."""
-    params = [p for p in policy.lm.parameters() if p.requires_grad]
-    return build_optimizer(policy.optimizer_name, params, policy.lr, policy.betas, policy.weight_decay)
 
 
 def packed_batch(tokens: int, seq_len: int, vocab: int, device: str):
@@ -67,8 +60,3 @@ def sample_with_policy(policy: Policy, batch: TrainingBatch) -> torch.Tensor:
     for mb in {id(mb): mb for mb in batch.micro_batches}.values():  # a micro-batch may repeat
         mb.inference_logprobs_T = policy.loss_inputs(mb, batch).trainer_logprobs_T * mb.loss_mask_T
     return batch.micro_batches[0].inference_logprobs_T
-
-
-def optimizer_step(policy: Policy, opt: torch.optim.Optimizer, batch: TrainingBatch) -> float:
-    """One optimizer step on `batch`: Policy.train_batch, what Policy.training_step runs; returns the loss."""
-    return policy.train_batch(batch, opt).loss
