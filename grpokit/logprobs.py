@@ -7,6 +7,9 @@ eager paths do not infer that from position_ids alone: measured, the logits diff
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+
 import torch
 
 
@@ -59,7 +62,7 @@ def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_
     fn = _compiled_chunk_logprobs() if hidden_TH.is_cuda and compile else _chunk_logprobs
     parts = [
         checkpoint(fn, lm_head, hidden_TH[i : i + chunk_size], targets_T[i : i + chunk_size], temperature, with_entropy, use_reentrant=False)
-        for i in range(0, hidden_TH.shape[0], chunk_size)
+        for i in range(0, max(hidden_TH.shape[0], 1), chunk_size)  # no rows: one empty chunk keeps the graph
     ]
     if not with_entropy:
         return torch.cat(parts)
@@ -76,6 +79,41 @@ def _supports_chunking(lm: torch.nn.Module) -> bool:
     )
 
 
+def _keeps_positions(lm: torch.nn.Module) -> bool:
+    """The model's forward takes `logits_to_keep` (every transformers 5 causal LM does)."""
+    return "logits_to_keep" in inspect.signature(lm.forward).parameters
+
+
+class _LogprobHead(torch.nn.Module):
+    """Stands in for the LM head for one forward: returns the targets' log-probabilities (and entropies)
+    computed chunk by chunk from the head's input, [1, K] (or [1, K, 2]), instead of [1, K, vocab] logits.
+
+    Swapping it in, rather than calling the decoder and the head separately, keeps the whole computation
+    inside the root module's forward, where FSDP2 has gathered the head's (sharded) weight.
+    """
+
+    def __init__(self, head: torch.nn.Module, targets_K: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool, compile: bool):
+        super().__init__()
+        self.head, self.targets_K = head, targets_K
+        self.temperature, self.chunk_size, self.with_entropy, self.compile = temperature, chunk_size, with_entropy, compile
+
+    def forward(self, hidden_1KH: torch.Tensor) -> torch.Tensor:
+        out = chunked_logprobs(self.head, hidden_1KH[0], self.targets_K, self.temperature, self.chunk_size, self.with_entropy, self.compile)
+        return (torch.stack(out, -1) if self.with_entropy else out)[None]
+
+
+@contextlib.contextmanager
+def _head_replaced(lm: torch.nn.Module, head: torch.nn.Module):
+    """`lm`'s output-embedding child module replaced by `head` inside the block."""
+    original = lm.get_output_embeddings()
+    name = next(n for n, m in lm.named_children() if m is original)
+    setattr(lm, name, head)
+    try:
+        yield
+    finally:
+        setattr(lm, name, original)
+
+
 def packed_token_logprobs(
     model: torch.nn.Module,
     input_ids_T: torch.Tensor,
@@ -85,6 +123,7 @@ def packed_token_logprobs(
     with_entropy: bool = False,
     chunk_size: int = 0,
     compile: bool = False,
+    needed_T: torch.Tensor | None = None,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
@@ -94,15 +133,21 @@ def packed_token_logprobs(
 
     Attention: with the model on grpokit's varlen backend (grpokit.varlen.use_varlen), sequences are
     separated by cumulative lengths; otherwise by a dense [T, T] block-diagonal mask.
+    Which tokens: `needed_T` (bool or 0/1, [T]) names the tokens whose logprob is wanted, e.g. the loss
+    mask; the LM head and the softmax run only on the positions that predict them (transformers'
+    `logits_to_keep`), and every other token gets 0. Prompt tokens are most of a short-answer batch,
+    and the head is a fifth of a small model's compute. None = every token.
     Memory: `chunk_size` > 0 computes logits from the final hidden states `chunk_size` tokens at a time
     (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
+    The whole computation runs inside the model's own forward, so it works on FSDP2-sharded models.
     """
     from grpokit.models import unwrap_peft
     from grpokit.varlen import NAME as VARLEN
 
     lm = unwrap_peft(model)
-    seq_lens_N = seq_lens_N.to(input_ids_T.device)
+    device = input_ids_T.device
+    seq_lens_N = seq_lens_N.to(device)
     if getattr(lm.config, "_attn_implementation", None) == VARLEN:
         cu_N1 = torch.cat([seq_lens_N.new_zeros(1), seq_lens_N.cumsum(0)]).to(torch.int32)
         max_len = int(seq_lens_N.max())
@@ -110,20 +155,34 @@ def packed_token_logprobs(
     else:
         dtype = next(model.parameters()).dtype
         kwargs = {"attention_mask": packed_attention_mask(seq_lens_N, dtype if dtype.is_floating_point else torch.float32)}
-    starts_T = position_ids_T[1:] == 0
+    wanted_T = position_ids_T.to(device) != 0  # a sequence's first token has no prediction
+    if needed_T is not None:
+        wanted_T &= needed_T.to(device).bool()
+    keep_K = wanted_T[1:].nonzero().squeeze(-1)  # position p predicts token p + 1
+    targets_K = input_ids_T[keep_K + 1]
+    inputs = {"input_ids": input_ids_T[None], "position_ids": position_ids_T[None], "use_cache": False, **kwargs}
 
-    def aligned(predicted_T: torch.Tensor) -> torch.Tensor:
-        """Token t is predicted at t-1; a sequence's first token (position 0) has no prediction: 0."""
-        return torch.cat([predicted_T.new_zeros(1), torch.where(starts_T, torch.zeros_like(predicted_T), predicted_T)])
+    if not _keeps_positions(lm):  # a model without logits_to_keep: full logits, then pick
+        out = _from_logits(model(**inputs).logits[0, keep_K], targets_K, temperature, with_entropy)
+    elif chunk_size > 0 and _supports_chunking(lm):
+        head = _LogprobHead(lm.get_output_embeddings(), targets_K, temperature, chunk_size, with_entropy, compile)
+        with _head_replaced(lm, head):
+            out_1K = model(**inputs, logits_to_keep=keep_K).logits
+        out = (out_1K[0, :, 0], out_1K[0, :, 1]) if with_entropy else out_1K[0]
+    else:
+        out = _from_logits(model(**inputs, logits_to_keep=keep_K).logits[0], targets_K, temperature, with_entropy)
 
-    if chunk_size > 0 and _supports_chunking(lm):
-        hidden_TH = lm.model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).last_hidden_state[0]
-        out = chunked_logprobs(lm.get_output_embeddings(), hidden_TH[:-1], input_ids_T[1:], temperature, chunk_size, with_entropy, compile)
-        return (aligned(out[0]), aligned(out[1])) if with_entropy else aligned(out)
-    logits_TV = model(input_ids=input_ids_T[None], position_ids=position_ids_T[None], use_cache=False, **kwargs).logits[0]
-    scaled_TV = logits_TV[:-1] / temperature
-    logprobs_T = aligned(selective_logprobs(scaled_TV, input_ids_T[1:]))
+    def scattered(values_K: torch.Tensor) -> torch.Tensor:
+        """[K] values at the kept tokens, 0 elsewhere (differentiable)."""
+        return values_K.new_zeros(input_ids_T.shape[0]).index_put((keep_K + 1,), values_K)
+
+    return (scattered(out[0]), scattered(out[1])) if with_entropy else scattered(out)
+
+
+def _from_logits(logits_KV: torch.Tensor, targets_K: torch.Tensor, temperature: float, with_entropy: bool):
+    scaled_KV = logits_KV / temperature
+    logprobs_K = selective_logprobs(scaled_KV, targets_K)
     if not with_entropy:
-        return logprobs_T
-    scaled_TV = scaled_TV.float()
-    return logprobs_T, aligned(torch.logsumexp(scaled_TV, -1) - (torch.softmax(scaled_TV, -1) * scaled_TV).sum(-1))
+        return logprobs_K
+    scaled_KV = scaled_KV.float()
+    return logprobs_K, torch.logsumexp(scaled_KV, -1) - (torch.softmax(scaled_KV, -1) * scaled_KV).sum(-1)

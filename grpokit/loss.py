@@ -17,7 +17,9 @@ class LossInputs:
     """Per-token tensors of one packed micro-batch (T tokens, N sequences).
 
     Attributes:
-        trainer_logprobs_T: the policy's logprob of each token, with gradient.
+        trainer_logprobs_T: the policy's logprob of each token, with gradient; 0 outside loss_mask_T and
+            expert_mask_T (the trainer runs the LM head only on those tokens; so do ref_logprobs_T,
+            entropy_T and teacher_logprobs_T).
         inference_logprobs_T: the engine's logprob of each token (no gradient).
         advantages_T: each token's advantage (its sequence's, unless the advantage assigns credit per token).
         loss_mask_T: 1.0 where the loss applies (completion tokens the policy wrote).

@@ -326,7 +326,7 @@ class Policy(L.LightningModule):
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
         """The trainer's logprobs (with gradient) and everything else the loss may use for one micro-batch."""
-        out = packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, batch.temperature, with_entropy=self.loss.needs_entropy, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
+        out = self._logprobs(self.lm, mb, batch.temperature, with_entropy=self.loss.needs_entropy)
         logprobs_T, entropy_T = out if self.loss.needs_entropy else (out, None)
         ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
         return LossInputs(
@@ -345,17 +345,23 @@ class Policy(L.LightningModule):
         """Logprobs under the initial policy: the base model with the adapter off, or a frozen copy."""
         if self.lora is not None:
             with self.lm.disable_adapter():
-                return packed_token_logprobs(self.lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
+                return self._logprobs(self.lm, mb, temperature)
         if self.ref_lm is None:
             self.ref_lm = self._set_attention(load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False))
-        return packed_token_logprobs(self.ref_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
+        return self._logprobs(self.ref_lm, mb, temperature)
 
     @torch.no_grad()
     def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
         if self.teacher_lm is None:
             self.teacher_lm = self._set_attention(load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device))
-        return packed_token_logprobs(self.teacher_lm, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, chunk_size=self.logprob_chunk_size, compile=self.compile_layers)
+        return self._logprobs(self.teacher_lm, mb, temperature)
+
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool = False):
+        """`model`'s logprobs of the micro-batch's loss and expert tokens (0 on the others: the LM head
+        never runs on prompt tokens)."""
+        needed_T = (mb.loss_mask_T > 0) | (mb.expert_mask_T > 0)
+        return packed_token_logprobs(model, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, with_entropy=with_entropy, chunk_size=self.logprob_chunk_size, compile=self.compile_layers, needed_T=needed_T)
 
     def _count_skipped_step(self) -> None:
         """Advance Lightning's step counter without touching the weights or the optimizer state, so the

@@ -29,6 +29,30 @@ def test_sharded_policy_publishes_what_the_unsharded_one_does(tmp_path, tiny_mod
     assert rank1["full"] == {"sha256": None, "count": 0}  # full weights are gathered onto rank 0 only
     assert rank1["lora"] == reference["lora"] and rank1["norms"] == reference["norms"]  # adapter and norms on every rank
     assert got[0]["loaded"] and got[1]["loaded"]
+    for rank in range(2):  # chunked logprobs (the CUDA default) run inside the sharded root's forward
+        assert all(diff < 1e-5 for diff in got[rank]["chunked_diff"].values()), got[rank]["chunked_diff"]
+
+
+def _chunked_logprobs_diff(plain, sharded) -> float:
+    """Largest difference between the two policies' chunked logprobs of the loss tokens, and between
+    their gradients (the sharded ones gathered)."""
+    import torch
+
+    from grpokit.logprobs import packed_token_logprobs
+
+    ids_T = torch.randint(0, 200, (20,), generator=torch.Generator().manual_seed(0))
+    pos_T, lens_N = torch.cat([torch.arange(12), torch.arange(8)]), torch.tensor([12, 8])
+    needed_T = pos_T >= 4  # the completions
+    out = []
+    for policy in (plain, sharded):
+        lp_T = packed_token_logprobs(policy.lm, ids_T, pos_T, lens_N, 0.7, chunk_size=5, needed_T=needed_T)
+        (lp_T * torch.linspace(-1, 1, 20)).sum().backward()
+        grads = {n: p.grad for n, p in policy.lm.named_parameters() if p.grad is not None}
+        out.append((lp_T.detach(), {n: g.full_tensor() if hasattr(g, "full_tensor") else g for n, g in grads.items()}))
+        policy.lm.zero_grad(set_to_none=True)
+    (lp_plain, g_plain), (lp_sharded, g_sharded) = out
+    assert g_plain.keys() == g_sharded.keys() and g_plain
+    return max([float((lp_plain - lp_sharded).abs().max())] + [float((g_plain[n] - g_sharded[n]).abs().max()) for n in g_plain])
 
 
 def _summary(tensors: dict) -> dict:
@@ -61,9 +85,10 @@ def _rank_main(rank: int, port: int, out: Path, model: str) -> None:
         assert sharded.sharded and not plain.sharded
         return plain, sharded
 
-    result = {"reference": {}, "sharded": {}}
+    result = {"reference": {}, "sharded": {}, "chunked_diff": {}}
     for key, lora in (("full", None), ("lora", LoraSettings(rank=4))):
         plain, sharded = policies(lora)
+        result["chunked_diff"][key] = _chunked_logprobs_diff(plain, sharded)
         expected, update = plain.weight_update(3), sharded.weight_update(3)
         result["reference"][key], result["sharded"][key] = _summary(expected.tensors), _summary(update.tensors)
         result["reference"]["norms"], result["sharded"]["norms"] = _summary(expected.norm_tensors), _summary(update.norm_tensors)

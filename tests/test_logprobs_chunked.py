@@ -66,3 +66,40 @@ def test_sequence_starts_get_zero_and_sequences_do_not_see_each_other(model):
         alone = packed_token_logprobs(varlen, ids[5:14], pos[5:14], lens[1:2], chunk_size=5)
     assert packed[pos == 0].abs().max() == 0
     torch.testing.assert_close(packed[5:14], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 4])
+def test_only_the_needed_tokens_get_logprobs_with_the_full_paths_values_and_gradients(model, chunk_size):
+    """needed_T: the LM head runs only on the positions predicting the needed tokens; their logprobs,
+    entropies and gradients equal the full path's, every other token gets 0."""
+    ids, pos, lens = packed_batch(model.config.vocab_size)
+    needed_T = torch.zeros(len(ids), dtype=torch.bool)
+    needed_T[[1, 2, 3, 7, 8, 15, 16, 21, 22, 23]] = True  # completions; 8 and 15 are ordinary tokens, 14/21 a start
+    needed_T[14] = True  # position 0 of the third sequence: no prediction, stays 0
+    weights_T = torch.linspace(-1.0, 2.0, len(ids))
+
+    def run(**kwargs):
+        model.zero_grad()
+        lp, ent = packed_token_logprobs(model, ids, pos, lens, temperature=0.7, with_entropy=True, chunk_size=chunk_size, **kwargs)
+        mask_T = needed_T & (pos != 0)
+        ((lp * weights_T * mask_T).sum() + 0.3 * (ent * mask_T).sum()).backward()
+        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    lp_full, ent_full, grads_full = run()
+    lp, ent, grads = run(needed_T=needed_T)
+    kept = needed_T & (pos != 0)
+    torch.testing.assert_close(lp[kept], lp_full[kept], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent[kept], ent_full[kept], atol=1e-5, rtol=0)
+    assert lp[~kept].abs().max() == 0 and ent[~kept].abs().max() == 0
+    assert grads.keys() == grads_full.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_full[name], atol=1e-5, rtol=1e-4)
+
+
+def test_no_needed_token_still_runs_the_model(model):
+    """A micro-batch without loss tokens (a rank's zero-loss stand-in) gives zeros and a gradient path."""
+    ids, pos, lens = packed_batch(model.config.vocab_size)
+    for chunk_size in (0, 4):
+        lp = packed_token_logprobs(model, ids, pos, lens, chunk_size=chunk_size, needed_T=torch.zeros(len(ids), dtype=torch.bool))
+        assert lp.shape == ids.shape and lp.abs().max() == 0 and lp.requires_grad
+        (lp.sum() * 0).backward()

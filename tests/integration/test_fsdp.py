@@ -7,6 +7,7 @@ forward and backward is a collective). The single-process resume loads the FSDP 
 AdamW moments, LR schedule) and trains step 2's kept batch again: its step-3 weights must equal the
 sharded run's up to float summation order, and so must the step's loss.
 
+The first test runs the trainer's CUDA defaults (varlen attention, chunked logprobs) on the CPU.
 GRPOKIT_TEST_ACCELERATOR=gpu runs the same check on 2 GPUs over NCCL (bench/gpu_check_fsdp.sh).
 """
 
@@ -43,9 +44,14 @@ def loss_at(run_dir, step: int) -> float:
     return next(float(r["loss"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r.get("loss") and int(r["step"]) == step)
 
 
+# The trainer's CUDA defaults, on the CPU: varlen attention (its CPU twin) and chunked logprobs through
+# the sharded root's forward (calling the decoder and the head apart failed on a sharded model).
+CUDA_DEFAULTS = ("--model.attention", "varlen", "--model.logprob_chunk_size", "16")
+
+
 def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, tiny_model):
     fsdp = ("--trainer.strategy", "fsdp2", "--trainer.devices", "2", "--trainer.callbacks+=grpokit.callbacks.RankChecksums")
-    run(tiny_fit_argv(tmp_path, tiny_model, "fsdp", *COMMON, *fsdp), tmp_path / "fsdp.log")
+    run(tiny_fit_argv(tmp_path, tiny_model, "fsdp", *COMMON, *CUDA_DEFAULTS, *fsdp), tmp_path / "fsdp.log")
     run_dir = tmp_path / "fsdp"
     assert [len(decode_batch((run_dir / "rollouts" / f"step_{s}.safetensors").read_bytes()).micro_batches) for s in range(STEPS)] == [3] * STEPS
 
@@ -68,7 +74,7 @@ def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, t
     sharded_step3, sharded_loss = published[STEPS], loss_at(run_dir, 2)
     single = tmp_path / "single"
     shutil.copytree(run_dir, single)
-    run(tiny_fit_argv(tmp_path, tiny_model, "single", *COMMON, "--ckpt.resume_step", "2"), tmp_path / "single.log")
+    run(tiny_fit_argv(tmp_path, tiny_model, "single", *COMMON, *CUDA_DEFAULTS, "--ckpt.resume_step", "2"), tmp_path / "single.log")
     resumed = load_file(single / "broadcasts" / f"step_{STEPS}" / "model.safetensors")
     assert max(float((resumed[k] - sharded_step3[k]).abs().max()) for k in base) < 1e-6
     assert loss_at(single, 2) == pytest.approx(sharded_loss, rel=1e-5, abs=1e-7)
