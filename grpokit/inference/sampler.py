@@ -49,18 +49,9 @@ def sample(
     `sampling.min_tokens` tokens, stop tokens are masked and stop strings do not count (vLLM's rule: a
     stop string completed earlier never ends the completion later).
     """
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
-    b, p = len(prompts), max(len(x) for x in prompts)
-    input_ids_BP = torch.full((b, p), pad_token_id, dtype=torch.long, device=device)
-    mask_BP = torch.zeros((b, p), dtype=torch.long, device=device)
-    for i, ids in enumerate(prompts):
-        input_ids_BP[i, p - len(ids):] = torch.tensor(ids, device=device)
-        mask_BP[i, p - len(ids):] = 1
-    positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    logits_BV = model(input_ids=input_ids_BP, attention_mask=mask_BP, position_ids=positions_BP, past_key_values=cache, use_cache=True).logits[:, -1]
+    b = len(prompts)
+    input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefill(model, prompts, pad_token_id, device)
     stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
     seen_BV = seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
@@ -90,6 +81,33 @@ def sample(
         logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BP, position_ids=next_pos_B1, past_key_values=cache, use_cache=True).logits[:, -1]
         next_pos_B1 = next_pos_B1 + 1
     return [(tokens[i], logprobs[i], not done[i]) for i in range(b)]
+
+
+def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_token_id: int, device):
+    """Run the prompts through the model once, left-padded: (input_ids_BP, mask_BP, positions_BP, KV
+    cache, last-position logits_BV).
+
+    Each distinct prompt is computed once and its cache rows copied to its repeats (a GRPO batch is G
+    copies of each prompt); the LM head runs on the last position only (`logits_to_keep=1`). Both are
+    exact: the rows of a repeated prompt are the same numbers.
+    """
+    from transformers import DynamicCache
+
+    rows: dict[tuple[int, ...], int] = {}
+    row_B = torch.tensor([rows.setdefault(tuple(ids), len(rows)) for ids in prompts], device=device)
+    distinct = [list(ids) for ids in rows]
+    u, p = len(distinct), max(len(x) for x in distinct)
+    input_ids_UP = torch.full((u, p), pad_token_id, dtype=torch.long, device=device)
+    mask_UP = torch.zeros((u, p), dtype=torch.long, device=device)
+    for i, ids in enumerate(distinct):
+        input_ids_UP[i, p - len(ids):] = torch.tensor(ids, device=device)
+        mask_UP[i, p - len(ids):] = 1
+    positions_UP = (mask_UP.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    logits_UV = model(input_ids=input_ids_UP, attention_mask=mask_UP, position_ids=positions_UP, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    if u < len(prompts):
+        cache.reorder_cache(row_B)  # index_select along the batch: each prompt's rows to its repeats
+    return input_ids_UP[row_B], mask_UP[row_B], positions_UP[row_B], cache, logits_UV[row_B]
 
 
 def stop_string_ended(tokens: list[int], sampling: SamplingSettings, decode, seen: list[int], row: int) -> bool:

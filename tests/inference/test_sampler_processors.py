@@ -77,3 +77,28 @@ def test_invalid_settings_name_the_key():
         SamplingSettings(max_tokens=4, min_tokens=5)
     with pytest.raises(ValueError, match="data.sampling.repetition_penalty must be > 0"):
         SamplingSettings(repetition_penalty=0.0)
+
+
+def test_repeated_prompts_are_prefilled_once_with_the_same_cache_and_logits(model_and_tokenizer):
+    """A GRPO batch repeats each prompt G times: prefill computes each distinct prompt once and copies
+    its cache rows; the rows equal a prefill of every row, and sampling continues per row."""
+    from transformers import DynamicCache
+
+    from grpokit.inference.sampler import prefill
+
+    model, tokenizer = model_and_tokenizer
+    short = PROMPT[:4]
+    prompts = [PROMPT, short, PROMPT, short, PROMPT]
+    with torch.no_grad():
+        ids_BP, mask_BP, pos_BP, cache, logits_BV = prefill(model, prompts, tokenizer.pad_token_id, "cpu")
+        full = DynamicCache()
+        reference_BV = model(input_ids=ids_BP, attention_mask=mask_BP, position_ids=pos_BP, past_key_values=full, use_cache=True).logits[:, -1]
+    assert ids_BP.shape == (5, len(PROMPT)) and mask_BP[1].tolist() == [0, 0, 1, 1, 1, 1]
+    torch.testing.assert_close(logits_BV, reference_BV, atol=1e-5, rtol=0)
+    for layer, reference in zip(cache.layers, full.layers):
+        torch.testing.assert_close(layer.keys[mask_BP.bool()[:, None, :].expand_as(layer.keys[..., 0])], reference.keys[mask_BP.bool()[:, None, :].expand_as(reference.keys[..., 0])], atol=1e-5, rtol=0)
+    greedy = sample(model, prompts, SamplingSettings(temperature=0.0, max_tokens=6), set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)
+    alone = [sample(model, [p], SamplingSettings(temperature=0.0, max_tokens=6), set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0] for p in (PROMPT, short)]
+    assert [g[0] for g in greedy] == [alone[i][0] for i in (0, 1, 0, 1, 0)]
+    for g, i in zip(greedy, (0, 1, 0, 1, 0)):
+        assert g[1] == pytest.approx(alone[i][1], abs=1e-4)
