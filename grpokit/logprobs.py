@@ -12,6 +12,8 @@ import inspect
 
 import torch
 
+from grpokit.prefix_tree import prefix_tree
+
 
 def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive [1, 1, T, T] mask: 0 where token q may attend to token k (same sequence, k <= q)."""
@@ -124,6 +126,7 @@ def packed_token_logprobs(
     chunk_size: int = 0,
     compile: bool = False,
     needed_T: torch.Tensor | None = None,
+    share_prefixes: bool = False,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
@@ -141,6 +144,9 @@ def packed_token_logprobs(
     (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     The whole computation runs inside the model's own forward, so it works on FSDP2-sharded models.
+    Prefixes: `share_prefixes` runs the model once per distinct prefix of the packed sequences (a GRPO
+    micro-batch repeats each prompt G times; grpokit.prefix_tree), with the same values and gradients;
+    it needs the dense attention path.
     """
     from grpokit.models import unwrap_peft
     from grpokit.varlen import NAME as VARLEN
@@ -148,29 +154,38 @@ def packed_token_logprobs(
     lm = unwrap_peft(model)
     device = input_ids_T.device
     seq_lens_N = seq_lens_N.to(device)
+    dtype = next(model.parameters()).dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    model_ids, model_positions, row_T = input_ids_T, position_ids_T, None  # row_T: each token's row in the model's input
     if getattr(lm.config, "_attn_implementation", None) == VARLEN:
+        if share_prefixes:
+            raise ValueError("model.share_prefixes needs dense attention (a tree mask); set model.attention: dense or model.share_prefixes: false")
         cu_N1 = torch.cat([seq_lens_N.new_zeros(1), seq_lens_N.cumsum(0)]).to(torch.int32)
         max_len = int(seq_lens_N.max())
         kwargs = {"cu_seq_lens_q": cu_N1, "cu_seq_lens_k": cu_N1, "max_length_q": max_len, "max_length_k": max_len}
+    elif share_prefixes:
+        tree = prefix_tree(input_ids_T, position_ids_T, seq_lens_N)
+        model_ids, model_positions, row_T = tree.input_ids_U, tree.position_ids_U, tree.node_T
+        kwargs = {"attention_mask": tree.attention_mask(dtype)}
     else:
-        dtype = next(model.parameters()).dtype
-        kwargs = {"attention_mask": packed_attention_mask(seq_lens_N, dtype if dtype.is_floating_point else torch.float32)}
+        kwargs = {"attention_mask": packed_attention_mask(seq_lens_N, dtype)}
     wanted_T = position_ids_T.to(device) != 0  # a sequence's first token has no prediction
     if needed_T is not None:
         wanted_T &= needed_T.to(device).bool()
     keep_K = wanted_T[1:].nonzero().squeeze(-1)  # position p predicts token p + 1
+    rows_K = keep_K if row_T is None else row_T[keep_K]  # where position p sits in the model's input
     targets_K = input_ids_T[keep_K + 1]
-    inputs = {"input_ids": input_ids_T[None], "position_ids": position_ids_T[None], "use_cache": False, **kwargs}
+    inputs = {"input_ids": model_ids[None], "position_ids": model_positions[None], "use_cache": False, **kwargs}
 
     if not _keeps_positions(lm):  # a model without logits_to_keep: full logits, then pick
-        out = _from_logits(model(**inputs).logits[0, keep_K], targets_K, temperature, with_entropy)
+        out = _from_logits(model(**inputs).logits[0, rows_K], targets_K, temperature, with_entropy)
     elif chunk_size > 0 and _supports_chunking(lm):
         head = _LogprobHead(lm.get_output_embeddings(), targets_K, temperature, chunk_size, with_entropy, compile)
         with _head_replaced(lm, head):
-            out_1K = model(**inputs, logits_to_keep=keep_K).logits
+            out_1K = model(**inputs, logits_to_keep=rows_K).logits
         out = (out_1K[0, :, 0], out_1K[0, :, 1]) if with_entropy else out_1K[0]
     else:
-        out = _from_logits(model(**inputs, logits_to_keep=keep_K).logits[0], targets_K, temperature, with_entropy)
+        out = _from_logits(model(**inputs, logits_to_keep=rows_K).logits[0], targets_K, temperature, with_entropy)
 
     def scattered(values_K: torch.Tensor) -> torch.Tensor:
         """[K] values at the kept tokens, 0 elsewhere (differentiable)."""

@@ -28,6 +28,23 @@ def test_train_bench_paths_compute_the_same_logprobs(tmp_path):
     assert r["grpokit"]["ms_per_step"] > 0 and r["naive"]["ms_per_step"] > 0
 
 
+def test_train_bench_on_a_grpo_shaped_batch_shares_prompts_and_agrees_on_the_trained_tokens(tmp_path):
+    from grpokit.bench.trainer import packed_batch
+    from grpokit.prefix_tree import prefix_tree
+
+    ids, pos, lens, _, mask = packed_batch(192, 24, 1000, "cpu", group_size=4, prompt_len=16)
+    assert prefix_tree(ids, pos, lens).num_nodes == 2 * 16 + 8 * 8  # 2 groups of 4 sequences of 16 + 8 tokens
+    assert torch.equal(mask, (pos >= 16).float())
+    out = tmp_path / "t.json"
+    argv = ["train", "--model", "tiny", "--device", "cpu", "--tokens", "192", "--seq-len", "24", "--steps", "1", "--group-size", "4",
+            "--prompt-len", "16", "--variants", "grpokit_dense,grpokit,naive", "--json", str(out)]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert (r["group_size"], r["prompt_len"]) == (4, 16)
+    assert r["grpokit_dense"]["max_abs_logprob_diff_first_step"] < 1e-4  # the tree == the packed row
+    assert r["max_abs_logprob_diff_first_step"] < 1e-4
+
+
 def test_step_bench_reports_the_overlap():
     from grpokit.bench.step import run
 

@@ -42,9 +42,10 @@ def test_loss_inputs_carry_the_teacher_logprobs_of_each_packed_token(tiny_model,
     [mb] = pack(rollouts, [[1.0] * 2, [-1.0] * 3], [True, True], seq_len=64)
     inputs: LossInputs = policy.loss_inputs(mb, TrainingBatch(step=0, micro_batches=[mb], temperature=0.7))
     expected_T = packed_token_logprobs(load_causal_lm(teacher), mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, 0.7)
-    assert torch.allclose(inputs.teacher_logprobs_T, expected_T, atol=1e-6)
-    assert not inputs.teacher_logprobs_T.requires_grad
     mask_T = mb.loss_mask_T > 0
+    assert torch.allclose(inputs.teacher_logprobs_T[mask_T], expected_T[mask_T], atol=1e-6)
+    assert inputs.teacher_logprobs_T[~mask_T].abs().max() == 0  # the head runs on the loss tokens only
+    assert not inputs.teacher_logprobs_T.requires_grad
     assert not torch.allclose(inputs.teacher_logprobs_T[mask_T], inputs.trainer_logprobs_T.detach()[mask_T], atol=1e-3)
     assert all(not p.requires_grad for p in policy.teacher_lm.parameters())
     _, metrics = policy.loss(inputs)

@@ -39,7 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--steps", type=int, default=3, help="timed optimizer steps (after one warm-up)")
             s.add_argument("--chunk-size", type=int, default=1024, help="tokens per log-prob chunk")
             s.add_argument("--lora-rank", type=int, default=16)
-            s.add_argument("--variants", default=None, help="comma list of grpokit, grpokit_compile, grpokit_compile_no_ckpt, grpokit_compile_budget_0.5, grpokit_compile_budget_0.2, naive")
+            s.add_argument("--variants", default=None, help="comma list of grpokit, grpokit_dense, grpokit_compile, grpokit_compile_no_ckpt, grpokit_compile_budget_0.5, grpokit_compile_budget_0.2, naive")
+            s.add_argument("--group-size", type=int, default=0, help="GRPO-shaped batch: groups of this many sequences sharing a prompt (0: random sequences)")
+            s.add_argument("--prompt-len", type=int, default=0, help="with --group-size: the shared prompt's tokens (not trained on)")
     return p.parse_args(argv)
 
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = train.run(args.model, args.tokens, args.seq_len, args.steps, dtype, args.device,
                            chunk_size=args.chunk_size, lora_rank=args.lora_rank, baseline=not args.no_baseline,
-                           variants=args.variants.split(",") if args.variants else None)
+                           variants=args.variants.split(",") if args.variants else None, group_size=args.group_size, prompt_len=args.prompt_len)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

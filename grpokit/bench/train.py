@@ -10,10 +10,14 @@ weights on the same packed micro-batch (sequences of `seq_len` tokens, a random 
   (grpokit.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
   the engine's logprobs set to the policy's own before the first step), gradient clipping at 1.0,
   Policy's AdamW;
-- grpokit_compile: the same with `model.compile: true` (each decoder layer torch.compiled);
+- grpokit_dense: what fit runs on the CPU: dense block-diagonal mask, full logits, no checkpointing,
+  shared prefixes (grpokit.prefix_tree), the LM head on the trained tokens only;
+- grpokit_compile: the same as grpokit with `model.compile: true` (each decoder layer torch.compiled);
 - grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute);
 - grpokit_compile_budget_B: compiled without checkpointing, but AOTAutograd recomputes the cheapest
   activations so that each layer saves at most the fraction B of them (`model.activation_memory_budget`).
+`group_size` G > 0 makes the batch GRPO-shaped: groups of G sequences that share their first
+`prompt_len` tokens, trained on the rest only (default: random sequences, every token trained on).
 Reported: tokens/s and ms per step (mean of `steps` after one warm-up), peak memory, the ratios, and
 the largest difference between the two paths' log-probabilities before the first update.
 """
@@ -47,15 +51,15 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
     return torch.cat([picked.new_zeros(1), torch.where(pos_T[1:] == 0, torch.zeros_like(picked), picked)])
 
 
-def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int):
-    """The naive path's step (loss -sum(logprob * advantage) / tokens, AdamW) and its first logprobs."""
+def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, group_size: int = 0, prompt_len: int = 0):
+    """The naive path's step (loss -sum(logprob * advantage * mask) / tokens, AdamW) and its first logprobs."""
     lm = naive_lora_model(model_name, dtype, device, lora_rank)
-    ids_T, pos_T, lens_N, adv_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device)
+    ids_T, pos_T, lens_N, adv_T, mask_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device, group_size, prompt_len)
     opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5)
 
     def step():
         lp_T = naive_logprobs(lm, ids_T, pos_T, lens_N)
-        (-(lp_T * adv_T).sum() / tokens).backward()
+        (-(lp_T * adv_T * mask_T).sum() / tokens).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return lp_T.detach()
@@ -63,20 +67,22 @@ def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, d
     return step, step()  # the first call is the warm-up (same initial weights in both paths: seed 0)
 
 
-VARIANTS = {  # grpokit variant: (activation checkpointing, compile, compiled-region activation memory budget)
-    "grpokit": (True, False, None),
-    "grpokit_compile": (True, True, None),
-    "grpokit_compile_no_ckpt": (False, True, None),
-    "grpokit_compile_budget_0.5": (False, True, 0.5),
-    "grpokit_compile_budget_0.2": (False, True, 0.2),
+VARIANTS = {  # grpokit variant: bench_policy settings
+    "grpokit": {"checkpointing": True, "compile": False},
+    "grpokit_dense": {"checkpointing": False, "compile": False, "attention": "dense", "chunk_size": 0},  # fit's CPU default
+    "grpokit_compile": {"checkpointing": True, "compile": True},
+    "grpokit_compile_no_ckpt": {"checkpointing": False, "compile": True},
+    "grpokit_compile_budget_0.5": {"checkpointing": False, "compile": True, "activation_memory_budget": 0.5},
+    "grpokit_compile_budget_0.2": {"checkpointing": False, "compile": True, "activation_memory_budget": 0.2},
 }
 
 
-def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, variant: str):
+def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, variant: str,
+                 group_size: int = 0, prompt_len: int = 0):
     """The Policy's optimizer step for `variant` and its logprobs before the first update (then one warm-up step)."""
-    ckpt, compile, budget = VARIANTS[variant]
-    policy = bench_policy(model, dtype, device, lora_rank, chunk_size, checkpointing=ckpt, compile=compile, activation_memory_budget=budget)
-    batch = TrainingBatch(step=0, micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device)])
+    settings = {"chunk_size": chunk_size, **VARIANTS[variant]}
+    policy = bench_policy(model, dtype, device, lora_rank, **settings)
+    batch = TrainingBatch(step=0, micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device, group_size, prompt_len)])
     opt = policy.make_optimizer()
     first_logprobs_T = sample_with_policy(policy, batch)
     step = functools.partial(policy.train_batch, batch, opt)
@@ -84,12 +90,13 @@ def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, devi
     return step, first_logprobs_T
 
 
-def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16, baseline: bool = True, variants: list[str] | None = None) -> dict:
+def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16,
+        baseline: bool = True, variants: list[str] | None = None, group_size: int = 0, prompt_len: int = 0) -> dict:
     import torch._functorch.config as functorch_config
     import transformers
 
     out = {"bench": "train", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
-           "tokens": tokens, "seq_len": seq_len, "lora_rank": lora_rank, "chunk_size": chunk_size,
+           "tokens": tokens, "seq_len": seq_len, "lora_rank": lora_rank, "chunk_size": chunk_size, "group_size": group_size, "prompt_len": prompt_len,
            "torch": torch.__version__, "transformers": transformers.__version__}
     first_logprobs = {}
     names = variants or (["grpokit"] + (["naive"] if baseline else []))
@@ -102,9 +109,9 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
             torch._dynamo.reset()  # recompile under this variant's budget
             reset_peak(device)
             if name == "naive":
-                step, first_logprobs[name] = naive_step(model_name, tokens, seq_len, dtype, device, lora_rank)
+                step, first_logprobs[name] = naive_step(model_name, tokens, seq_len, dtype, device, lora_rank, group_size, prompt_len)
             else:
-                step, first_logprobs[name] = grpokit_step(folder, tokens, seq_len, dtype, device, lora_rank, chunk_size, name)
+                step, first_logprobs[name] = grpokit_step(folder, tokens, seq_len, dtype, device, lora_rank, chunk_size, name, group_size, prompt_len)
             seconds, _ = timed(step, device, repeats=steps)
             out[name] = {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds, "peak_gib": peak_gib(device)}
             del step  # frees the model before the next variant's peak is measured
@@ -115,5 +122,12 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
     if "naive" in out and "grpokit" in out:
         out["speedup_vs_naive"] = out["grpokit"]["tokens_per_s"] / out["naive"]["tokens_per_s"]
         out["memory_fraction_of_naive"] = out["grpokit"]["peak_gib"] / out["naive"]["peak_gib"]
-        out["max_abs_logprob_diff_first_step"] = (first_logprobs["grpokit"] - first_logprobs["naive"]).abs().max().item()
+    if "naive" in out:  # on the trained tokens (grpokit computes no others)
+        mask_T = packed_batch(tokens, seq_len, 8, "cpu", group_size, prompt_len)[4].bool()
+        for name in first_logprobs:
+            if name != "naive":
+                diff = (first_logprobs[name].cpu() - first_logprobs["naive"].cpu())[mask_T].abs().max().item()
+                out[name]["max_abs_logprob_diff_first_step"] = diff
+                if name == "grpokit":
+                    out["max_abs_logprob_diff_first_step"] = diff
     return out
