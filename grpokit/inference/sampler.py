@@ -47,7 +47,8 @@ def sample(
     Prompts are left-padded; positions count from each prompt's first real token. A completion ends at
     its first stop token (kept) or when `decode(tokens)` gains a stop string (kept). Before
     `sampling.min_tokens` tokens, stop tokens are masked and stop strings do not count (vLLM's rule: a
-    stop string completed earlier never ends the completion later).
+    stop string completed earlier never ends the completion later). A finished completion's row leaves
+    the batch (and the KV cache), so the later steps compute only the live ones.
     """
     device = next(model.parameters()).device
     b = len(prompts)
@@ -60,24 +61,29 @@ def sample(
     logprobs: list[list[float]] = [[] for _ in range(b)]
     stop_strings_seen = [0] * b
     done = [False] * b
+    live = list(range(b))  # the completion each batch row samples; finished rows leave the batch
     for n in range(sampling.max_tokens):
         logits_BV = logits_BV.float()
         if n < sampling.min_tokens:  # every row has generated n tokens
-            logits_BV = apply_min_tokens(logits_BV, torch.full((b,), n, device=device), sampling.min_tokens, stop_ids_S)
+            logits_BV = apply_min_tokens(logits_BV, torch.full((len(live),), n, device=device), sampling.min_tokens, stop_ids_S)
         if seen_BV is not None:
             logits_BV = apply_repetition_penalty(logits_BV, seen_BV, sampling.repetition_penalty)
         token_B, logprob_B = sample_next(logits_BV, temperature, sampling.top_p, generator)
         if seen_BV is not None:
             mark_seen(seen_BV, token_B)
-        for i, (tok, lp) in enumerate(zip(token_B.tolist(), logprob_B.tolist())):
-            if done[i]:
-                continue
+        for i, tok, lp in zip(live, token_B.tolist(), logprob_B.tolist()):
             tokens[i].append(tok)
             logprobs[i].append(lp)
             done[i] = tok in stop_token_ids or stop_string_ended(tokens[i], sampling, decode, stop_strings_seen, i)
         if all(done):
             break
-        mask_BP = torch.cat([mask_BP, torch.ones((b, 1), dtype=mask_BP.dtype, device=device)], dim=1)
+        if any(done[i] for i in live):  # drop finished rows: later steps compute only live completions
+            rows_B = torch.tensor([j for j, i in enumerate(live) if not done[i]], device=device)
+            cache.reorder_cache(rows_B)
+            token_B, mask_BP, next_pos_B1 = token_B[rows_B], mask_BP[rows_B], next_pos_B1[rows_B]
+            seen_BV = seen_BV[rows_B] if seen_BV is not None else None
+            live = [i for i in live if not done[i]]
+        mask_BP = torch.cat([mask_BP, torch.ones((len(live), 1), dtype=mask_BP.dtype, device=device)], dim=1)
         logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BP, position_ids=next_pos_B1, past_key_values=cache, use_cache=True).logits[:, -1]
         next_pos_B1 = next_pos_B1 + 1
     return [(tokens[i], logprobs[i], not done[i]) for i in range(b)]

@@ -102,3 +102,23 @@ def test_repeated_prompts_are_prefilled_once_with_the_same_cache_and_logits(mode
     assert [g[0] for g in greedy] == [alone[i][0] for i in (0, 1, 0, 1, 0)]
     for g, i in zip(greedy, (0, 1, 0, 1, 0)):
         assert g[1] == pytest.approx(alone[i][1], abs=1e-4)
+
+
+def test_finished_rows_leave_the_batch_and_the_others_continue_unchanged(model_and_tokenizer):
+    """Rows that stop early are dropped from the batch and the cache; every completion equals the one
+    sampled alone (greedy), with and without the repetition penalty."""
+    model, tokenizer = model_and_tokenizer
+    short = PROMPT[:4]
+    for penalty in (1.0, 1.3):
+        settings = SamplingSettings(temperature=0.0, max_tokens=8, repetition_penalty=penalty)
+        free, free_short = (sample(model, [p], settings, set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0][0] for p in (PROMPT, short))
+        k = next(k for k, tok in enumerate(free) if tok not in free_short)
+        stop = {free[k]}  # PROMPT's completion stops after k + 1 tokens; the other prompt's runs to max_tokens
+        prompts = [short, PROMPT, short, PROMPT]
+        batch = sample(model, prompts, settings, stop, tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)
+        alone = [sample(model, [p], settings, stop, tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0] for p in prompts]
+        assert batch[1][0] == free[: k + 1] and batch[1][2] is False and k + 1 < 8  # stopped early, not truncated
+        assert batch[0][0] == free_short and batch[0][2] is True  # ran on without the stopped rows
+        assert [r[0] for r in batch] == [r[0] for r in alone] and [r[2] for r in batch] == [r[2] for r in alone]
+        for got, want in zip(batch, alone):
+            assert got[1] == pytest.approx(want[1], abs=1e-4)
