@@ -38,7 +38,10 @@ from grpokit.types import Rollout
 
 SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
-STEPS = 8
+STEPS = 30
+# kills land at steps 3..8 (co-locate) or 2..8 (multi-process); the tiny model trains a step in ~0.1-0.3 s,
+# so the long tail keeps every process alive for the seconds between reaching a target and the kill
+KILL_BEFORE = 9
 # keep_last 1 deletes a batch as soon as the next is read, unless a checkpoint still needs it: a
 # resumed trainer finds its batches only if that retention works
 TRANSPORT = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 1}}'
@@ -108,7 +111,7 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed):
     )
     resume = ["--ckpt.resume_step", "-1"]
     survived = 0
-    for attempt, target in enumerate(sorted(rng.sample(range(3, STEPS - 1), COLOCATE_KILLS))):
+    for attempt, target in enumerate(sorted(rng.sample(range(3, KILL_BEFORE), COLOCATE_KILLS))):
         log, started = open(tmp_path / f"fit_{attempt}.log", "w"), time.time()
         proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", *argv, *(resume if attempt else [])], stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -142,7 +145,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
     procs = {role: launch(role) for role in ("train", "orchestrate", "infer")}
     survived, since = {}, 0.0
     try:
-        victims, targets = rng.sample(list(procs), 3), sorted(rng.sample(range(2, STEPS - 2), 3))
+        victims, targets = rng.sample(list(procs), 3), sorted(rng.sample(range(2, KILL_BEFORE), 3))
         for victim, target in zip(victims, targets):
             wait_for_progress(run, target, since, procs)
             time.sleep(rng.uniform(0.0, 1.5))
