@@ -7,6 +7,9 @@
 # 2. bench train through Policy (the H100 rows in docs/benchmarks.md predate it): naive vs the
 #    compiled variants, 8,192 tokens, Qwen3-0.6B shape.
 # 3. bench step (max_async_level 1 overlap) through Policy.
+# `bash bench/gpu_session.sh grpo` (a second device call) instead times bench train on a GRPO-shaped
+# batch (groups of 8 sharing a 64-token prompt, 256 trained tokens each): what the LM head on the
+# trained tokens only (logits_to_keep, 2026-11-23) saves on the GPU path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_session_out}
@@ -23,6 +26,12 @@ run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit co
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "{\"check\": \"$name\", \"exit\": $?, \"seconds\": $((SECONDS - start))}" >> "$OUT/checks.jsonl"
 }
+if [ "${1:-}" = grpo ]; then
+  run train_grpo 300 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 --lora-rank 16 \
+    --group-size 8 --prompt-len 64 --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$OUT/train_grpo.json"
+  cat "$OUT/checks.jsonl"
+  exit 0
+fi
 run fit 200 python3 bench/gpu_check_fit.py --out "$OUT/fit"
 run train 180 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 --lora-rank 16 \
   --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$OUT/train.json"
