@@ -52,7 +52,8 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
 
 
 def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, group_size: int = 0, prompt_len: int = 0):
-    """The naive path's step (loss -sum(logprob * advantage * mask) / tokens, AdamW) and its first logprobs."""
+    """The naive path's step (loss -sum(logprob * advantage * mask) / tokens, AdamW) and its first logprobs
+    on the trained tokens."""
     lm = naive_lora_model(model_name, dtype, device, lora_rank)
     ids_T, pos_T, lens_N, adv_T, mask_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device, group_size, prompt_len)
     opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5)
@@ -62,7 +63,7 @@ def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, d
         (-(lp_T * adv_T * mask_T).sum() / tokens).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return lp_T.detach()
+        return (lp_T * mask_T).detach()  # the trained tokens', as grpokit's first logprobs (sample_with_policy)
 
     return step, step()  # the first call is the warm-up (same initial weights in both paths: seed 0)
 
@@ -122,11 +123,10 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
     if "naive" in out and "grpokit" in out:
         out["speedup_vs_naive"] = out["grpokit"]["tokens_per_s"] / out["naive"]["tokens_per_s"]
         out["memory_fraction_of_naive"] = out["grpokit"]["peak_gib"] / out["naive"]["peak_gib"]
-    if "naive" in out:  # on the trained tokens (grpokit computes no others)
-        mask_T = packed_batch(tokens, seq_len, 8, "cpu", group_size, prompt_len)[4].bool()
+    if "naive" in out:  # both paths' first logprobs are 0 outside the trained tokens
         for name in first_logprobs:
             if name != "naive":
-                diff = (first_logprobs[name].cpu() - first_logprobs["naive"].cpu())[mask_T].abs().max().item()
+                diff = (first_logprobs[name] - first_logprobs["naive"]).abs().max().item()
                 out[name]["max_abs_logprob_diff_first_step"] = diff
                 if name == "grpokit":
                     out["max_abs_logprob_diff_first_step"] = diff
