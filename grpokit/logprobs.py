@@ -203,8 +203,7 @@ def _from_logits(logits_KV: torch.Tensor, targets_K: torch.Tensor, temperature: 
     scaled_KV = logits_KV.float()
     if temperature != 1.0:
         scaled_KV = scaled_KV / temperature
-    logp_KV = torch.log_softmax(scaled_KV, -1)
-    picked_K = logp_KV.gather(-1, targets_K[:, None]).squeeze(-1)
     if not with_entropy:
-        return picked_K
-    return picked_K, -(logp_KV.exp() * logp_KV).sum(-1)
+        return selective_logprobs(scaled_KV, targets_K)
+    logp_KV = torch.log_softmax(scaled_KV, -1)  # kept once for both
+    return logp_KV.gather(-1, targets_K[:, None]).squeeze(-1), -(logp_KV.exp() * logp_KV).sum(-1)
