@@ -1,7 +1,8 @@
 """The builtin engine: the policy's model in this process, sampled with grpokit's torch sampler.
 
 Runs on any device torch runs on. Two paths over the same model: the plain sampler (HF forward with
-a DynamicCache, left-padded batches) and the fast path (grpokit.inference.fast: static KV cache,
+a DynamicCache, left-padded batches, the LoRA adapter merged into the weights while sampling:
+grpokit.inference.merged_lora) and the fast path (grpokit.inference.fast: static KV cache,
 decode steps replayed from CUDA graphs, continuous batching), the default on CUDA. LoRA updates are
 loaded into a peft wrapper of the base model (in place, so captured graphs stay valid). The base model
 is the engine's own copy, except in co-locate `fit` with LoRA, where `share_base_weights` points it at
@@ -20,6 +21,7 @@ from grpokit.checksums import tensors_sha256
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
+from grpokit.inference.merged_lora import MergedLoRA, mergeable
 from grpokit.inference.sampler import sample
 from grpokit.models import load_causal_lm, load_tokenizer, parse_dtype
 from grpokit.norm_noise import apply_norm_weights
@@ -43,6 +45,7 @@ class BuiltinEngine(InferenceEngine):
         cuda_graphs: bool = True,
         compile: bool = True,
         share_weights: bool = True,
+        merge_lora: Literal["auto", "on", "off"] = "auto",
     ) -> None:
         """
         Args:
@@ -58,6 +61,10 @@ class BuiltinEngine(InferenceEngine):
                 generate call compiles, about a minute, per slot bucket in use).
             share_weights: in co-locate `fit` with LoRA, sample with the trainer's frozen base weights
                 instead of a second copy (share_base_weights); false keeps the engine's own copy.
+            merge_lora: sample with W + s * B @ A folded into merged copies of the adapted weights,
+                refreshed at each adapter update (grpokit.inference.merged_lora; plain path only):
+                "auto" = on in float32, where it is exact to rounding; off keeps peft's unmerged layers
+                (in bfloat16 the merge would round the adapter's update away).
         """
         self.dtype = parse_dtype(dtype)
         self.max_batch_size = max_batch_size
@@ -65,6 +72,11 @@ class BuiltinEngine(InferenceEngine):
         self.fast = fast == "on" or (fast == "auto" and str(self.device).startswith("cuda"))
         self.max_model_len = max_model_len
         self.cuda_graphs, self.compile, self.share_weights = cuda_graphs, compile, share_weights
+        if merge_lora == "on" and self.fast:
+            raise ValueError("inference.init_args.merge_lora: on needs the plain path (the fast path's graphs read the weights in place); set fast: off or merge_lora: auto")
+        self.merge_lora = merge_lora
+        self._merge = merge_lora == "on" or (merge_lora == "auto" and not self.fast and self.dtype == torch.float32)
+        self.merged = None  # MergedLoRA, built at the first adapter update when merge_lora is on
         self.model = None
         self.runner = None
         self.weight_step = -1
@@ -87,9 +99,13 @@ class BuiltinEngine(InferenceEngine):
                 config = LoraConfig(**{k: v for k, v in update.lora_config.items() if k in known})
                 self.model = get_peft_model(self.model, config).eval()
                 self.runner = None  # the module structure changed: captured graphs are stale
+                if self._merge and (self.merge_lora == "on" or mergeable(self.model)):  # "on" refuses a DoRA adapter
+                    self.merged = MergedLoRA(self.model)
             result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in update.tensors.items()})
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"adapter of step {update.step} has keys the engine's model lacks: {result.unexpected_keys[:5]}")
+            if self.merged is not None:
+                self.merged.refresh()
         else:
             self.model.load_state_dict({k: v.to(self.device) for k, v in update.tensors.items()}, strict=False)
         if update.norm_tensors:
@@ -126,6 +142,8 @@ class BuiltinEngine(InferenceEngine):
             shared += param.numel() * param.element_size()
         if shared:
             self.runner = None
+            if self.merged is not None:
+                self.merged.refresh()  # same values; merged from the tensors the base now points at
         return shared
 
     def weights_sha256(self) -> str:
@@ -149,7 +167,8 @@ class BuiltinEngine(InferenceEngine):
             results = []
             for start in range(0, len(flat), self.max_batch_size):
                 chunk = flat[start : start + self.max_batch_size]
-                results += sample(self.model, chunk, sampling, self.stop_token_ids, self.tokenizer.pad_token_id, generator, self.tokenizer.decode)
+                with self.merged.active() if self.merged is not None else contextlib.nullcontext():
+                    results += sample(self.model, chunk, sampling, self.stop_token_ids, self.tokenizer.pad_token_id, generator, self.tokenizer.decode)
         completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
