@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.types import TrainingBatch
+
 
 @dataclass
 class LossInputs:
@@ -95,3 +97,13 @@ def segment_sum(values_T: torch.Tensor, seq_ids_T: torch.Tensor, num_seqs: int) 
     """Sum per-token values into per-sequence totals (shape N)."""
     out_N = torch.zeros(num_seqs, dtype=values_T.dtype, device=values_T.device)
     return out_N.index_add(0, seq_ids_T, values_T)
+
+
+def check_experts(loss: Loss, batch: TrainingBatch) -> None:
+    """Refuse a batch whose expert sequences (data.expert) the loss would ignore, or a loss that needs
+    them and a batch of sampled sequences without any."""
+    name = type(loss).__name__
+    if batch.num_expert_tokens and not loss.needs_experts:
+        raise ValueError(f"the batch has expert completions (data.expert) but model.loss {name} does not train on them: use Chord, or remove data.expert")
+    if loss.needs_experts and batch.num_loss_tokens and not batch.num_expert_tokens:
+        raise ValueError(f"model.loss {name} trains on expert completions, and the batch has none: set data.expert (e.g. {{field: answer}})")

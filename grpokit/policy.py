@@ -8,11 +8,9 @@ micro-batch, then clip, optimizer step, scheduler step, log.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import lightning as L
@@ -23,7 +21,9 @@ from grpokit.distributed import gather_step, rank_and_world, rank_share
 from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
 from grpokit.logprobs import packed_token_logprobs
 from grpokit.guards import NonFiniteGuard
-from grpokit.loss import Loss, LossInputs
+from grpokit.loss import Loss, LossInputs, check_experts
+from grpokit.lora import LoraSettings, adapter_tensors, add_lora
+from grpokit.lr_schedule import lr_factor
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import compile_decoder_layers, load_causal_lm, parse_dtype
 from grpokit.noise import NoiseScheduler
@@ -32,23 +32,6 @@ from grpokit.quantization import build_optimizer, check_nf4, check_optimizer, ch
 from grpokit.teacher import load_teacher
 from grpokit.timeline import record_timeline
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
-
-
-@dataclass
-class LoraSettings:
-    """peft LoRA adapter settings.
-
-    Args:
-        rank: adapter rank r.
-        alpha: scaling numerator (the update is alpha / r * B A).
-        dropout: dropout on the adapter input.
-        target_modules: module names to adapt.
-    """
-
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 class Policy(L.LightningModule):
@@ -158,15 +141,7 @@ class Policy(L.LightningModule):
             return
         lm = self._load_base()
         if self.lora is not None:
-            from peft import LoraConfig, get_peft_model
-
-            config = LoraConfig(
-                r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
-                target_modules=list(self.lora.target_modules), task_type="CAUSAL_LM",
-            )
-            lm = get_peft_model(lm, config)
-            if self.gradient_checkpointing:
-                lm.enable_input_require_grads()
+            lm = add_lora(lm, self.lora, self.gradient_checkpointing)
         self.lm = self._set_attention(lm).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
         if self.compile_layers:
             if self.activation_memory_budget is not None:
@@ -246,12 +221,7 @@ class Policy(L.LightningModule):
         if self.lora is None:
             tensors = full_state_dict(self.lm) if self.sharded else {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
             return WeightUpdate(step=step, tensors=tensors, norm_tensors=self.noisy_norm_weights(step))
-        from peft import get_peft_model_state_dict
-
-        config = self.lm.peft_config["default"]
-        config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-        adapter = full_tensors({n: p.detach() for n, p in self.lm.named_parameters() if p.requires_grad}) if self.sharded else None
-        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.lm, state_dict=adapter).items()}
+        tensors, config_dict = adapter_tensors(self.lm, self.sharded)
         return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step))
 
     def noise_sigma(self, step: int) -> float:
@@ -429,23 +399,3 @@ class StepResult:
     metrics: list[dict]
     weights: list[float]
     stepped: bool
-
-
-def check_experts(loss: Loss, batch: TrainingBatch) -> None:
-    """Refuse a batch whose expert sequences (data.expert) the loss would ignore, or a loss that needs
-    them and a batch of sampled sequences without any."""
-    name = type(loss).__name__
-    if batch.num_expert_tokens and not loss.needs_experts:
-        raise ValueError(f"the batch has expert completions (data.expert) but model.loss {name} does not train on them: use Chord, or remove data.expert")
-    if loss.needs_experts and batch.num_loss_tokens and not batch.num_expert_tokens:
-        raise ValueError(f"model.loss {name} trains on expert completions, and the batch has none: set data.expert (e.g. {{field: answer}})")
-
-
-def lr_factor(step: int, warmup_steps: int, max_steps: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak lr at `step`: linear warm-up, then constant or cosine to min_ratio."""
-    if step < warmup_steps:
-        return (step + 1) / (warmup_steps + 1)
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -7,7 +7,7 @@ from grpokit.env import Environment, EnvSpec
 from grpokit.models import load_tokenizer
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import pack
-from grpokit.policy import check_experts
+from grpokit.loss import check_experts
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.chord import Chord
 from grpokit.transport.codec import decode_batch, encode_batch

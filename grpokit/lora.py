@@ -1,0 +1,55 @@
+"""LoRA for the Policy: the adapter's settings, wrapping the base model in peft, and the adapter as the
+tensors and config a WeightUpdate carries to the engine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from grpokit.fsdp import full_tensors
+
+
+@dataclass
+class LoraSettings:
+    """peft LoRA adapter settings.
+
+    Args:
+        rank: adapter rank r.
+        alpha: scaling numerator (the update is alpha / r * B A).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt.
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing: bool) -> torch.nn.Module:
+    """`lm` wrapped in a peft LoRA adapter (a causal-LM task); with checkpointing, the embedding's output
+    requires grad so that checkpointed layers under frozen weights still backpropagate into the adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules), task_type="CAUSAL_LM",
+    )
+    lm = get_peft_model(lm, config)
+    if gradient_checkpointing:
+        lm.enable_input_require_grads()
+    return lm
+
+
+def adapter_tensors(lm: torch.nn.Module, sharded: bool) -> tuple[dict[str, torch.Tensor], dict]:
+    """The adapter's weights (peft's state-dict names, detached copies) and its LoraConfig as plain JSON
+    values. Sharded (FSDP2), every rank must call it: the adapter's shards are gathered on every rank."""
+    from peft import get_peft_model_state_dict
+
+    config = lm.peft_config["default"]
+    config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+    adapter = full_tensors({n: p.detach() for n, p in lm.named_parameters() if p.requires_grad}) if sharded else None
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(lm, state_dict=adapter).items()}
+    return tensors, config_dict
