@@ -71,7 +71,11 @@ def resume_path(folder: Path, resume_step: int) -> tuple[Path, int]:
     """The checkpoint file for `resume_step` (-1 = newest) and its step; a clear error if there is none."""
     steps = checkpoint_steps(folder)
     if not steps:
-        raise FileNotFoundError(f"ckpt.resume_step={resume_step}: no checkpoints in {folder}; set run_name to the run to resume")
+        runs = sorted(p.parent.name for p in Path(folder).parent.parent.glob("*/checkpoints") if checkpoint_steps(p))
+        raise FileNotFoundError(
+            f"ckpt.resume_step={resume_step}: no checkpoints in {folder}; set --run_name (and --output_dir) to a run that has some"
+            + (f": {', '.join(runs[-5:])} in {Path(folder).parent.parent}" if runs else f" (no run in {Path(folder).parent.parent} has any)")
+        )
     step = steps[-1] if resume_step == -1 else resume_step
     if step not in steps:
         raise FileNotFoundError(f"ckpt.resume_step={resume_step}: no checkpoint of step {step} in {folder} (have {steps})")
@@ -103,6 +107,19 @@ def newest_archive(run_dir: Path) -> Path:
     if not archives:
         raise FileNotFoundError(f"ckpt.skip_progress: no checkpoints in {run_dir}/checkpoints and no archive/progress_* in {run_dir}")
     return archives[-1]
+
+
+def check_no_earlier_run(run_dir: Path) -> None:
+    """Refuse to start a run from step 0 in a folder whose checkpoints belong to an earlier run: its
+    metrics would be overwritten, its samples and timeline appended to, and a later resume would pick
+    the earlier run's newest checkpoint."""
+    steps = checkpoint_steps(Path(run_dir) / "checkpoints")
+    if steps:
+        raise ValueError(
+            f"{run_dir} already holds a run with checkpoints (steps {', '.join(map(str, steps[-3:]))}): resume it with "
+            "--ckpt.resume_step -1, start a new count from its weights with --ckpt.resume_step -1 --ckpt.skip_progress true, "
+            "or choose another --run_name"
+        )
 
 
 def started_as_other_rank() -> bool:

@@ -9,6 +9,8 @@ rollouts/ and broadcasts/ folders the roles talk through.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,9 +21,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
-from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
+from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
+from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
-from grpokit.distributed import check_trainer_processes
+from grpokit.distributed import check_strategy_name, check_trainer_processes
 from grpokit.inference import InferenceEngine
 from grpokit.inference.vllm_launch import start_for_fit
 from grpokit.models import load_tokenizer
@@ -32,6 +35,23 @@ from grpokit.recipe_files import check_recipe_files
 from grpokit.roles import ServerSettings, first_unsent_step
 
 CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
+USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a command's options)
+
+  fit          train in one process: engine, orchestrator and trainer (grpokit fit --config recipe.yaml)
+  train        the trainer of a multi-process run (docs/multi-process.md)
+  orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
+  infer        an inference server (builtin engine or vLLM) of a multi-process run
+  registry     list components: grpokit registry list [KIND]
+  bench        benchmarks: grpokit bench generate|train|step (docs/benchmarks.md)
+  sweep        run a grid of recipes (docs/sweeps.md)
+  report       compare the runs of a sweep
+  rollouts     record a run's batches, or train variants on recorded batches
+"""
+STARTED = [False]  # whether the recipe is parsed, built and wired (main: errors before that print as one line)
+# bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU kernel
+# for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: "kernels-community" not in record.getMessage())
+SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep", "report", "rollouts")
 
 
 class GrpoCLI(LightningCLI):
@@ -46,6 +66,21 @@ class GrpoCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
+        """Parse the recipe (as LightningCLI does, minus its warning about `args` beside sys.argv: grpokit
+        always passes its own argv), then reset what a swapped component carried over from the class it
+        replaced (grpokit.component_args); `--print_config[=flags]` prints the recipe after that."""
+        printing = [a for a in args if a == "--print_config" or a.startswith("--print_config=")]
+        args = [a for a in args if a not in printing]
+        self.config = parser.parse_args(args)
+        sub = self.config.get("subcommand")
+        config, subparser = (self.config[sub], self._subcommand_parsers[sub]) if sub else (self.config, parser)
+        reset_carried_init_args(args, config, subparser.get_defaults())
+        if printing:
+            flags = {f for f in printing[-1].partition("=")[2].split(",") if f}
+            sys.stdout.write(subparser.dump(config, skip_unset=bool(flags & {"skip_unset", "skip_null"}), skip_default="skip_default" in flags, with_comments="comments" in flags))
+            raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from grpokit.broadcast.filesystem import FilesystemBroadcast
@@ -76,7 +111,9 @@ class GrpoCLI(LightningCLI):
         run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
         config.run_name = run_name
         self.run_dir = Path(config.output_dir) / run_name
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_strategy_name(config.trainer.strategy)
+        if self.role in ("fit", "train") and config.ckpt.resume_step is None and not started_as_other_rank():
+            check_no_earlier_run(self.run_dir)
         config.trainer.default_root_dir = str(self.run_dir)
         self.start_step, self.restart_from = 0, None
         self.restore_buffer = not config.ckpt.skip_buffer
@@ -92,11 +129,16 @@ class GrpoCLI(LightningCLI):
                 config.ckpt_path, config.weights_only = str(path), True  # tensors and plain data: nothing is unpickled
             elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
                 self.restart_from = (path, step)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # after the checks above: a refused start leaves no folder
         config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if resuming else None)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
 
     def before_fit(self) -> None:
+        self._wire_roles()
+        STARTED[0] = True  # from here on, an error is a training failure: its traceback is printed
+
+    def _wire_roles(self) -> None:
         config = self.config_init[self.subcommand]
         check_trainer_processes(self.trainer, self.run_name_given)
         if self.restart_from is not None:
@@ -194,6 +236,7 @@ def components_markdown(found: list) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    STARTED[0] = False
     if argv[:1] == ["bench"]:
         from grpokit.bench.cli import main as bench_main
 
@@ -205,17 +248,43 @@ def main(argv: list[str] | None = None) -> int:
         from grpokit.sweep import commands
 
         return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[argv[0]](argv[1:])
-    check_recipe_files(argv)
-    if argv[:1] == ["train"]:
-        make_cli(["fit", *argv[1:]], role="train")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
         return 0
+    if argv[0] not in SUBCOMMANDS:
+        print(f"{USAGE}grpokit: error: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    check_recipe_files(argv)
+    check_component_names(argv)
     if argv[:1] in (["infer"], ["orchestrate"]):
         from grpokit import roles
 
         cli = make_cli(argv[1:], run=False, role=argv[0])
+        STARTED[0] = True
         return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
-    make_cli(argv)
+    make_cli(["fit", *argv[1:]], role="train") if argv[0] == "train" else make_cli(argv)
     return 0
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """The `grpokit` command: `main`, with a ValueError or FileNotFoundError raised before training starts
+    (a bad value, a missing file or checkpoint: the message names the key and the fix) printed as one
+    line instead of a traceback; GRPOKIT_TRACEBACK=1 shows the traceback. Failures during training
+    keep theirs."""
+    try:
+        return main(argv)
+    except (ValueError, FileNotFoundError) as e:
+        if STARTED[0] or os.environ.get("GRPOKIT_TRACEBACK"):
+            raise
+        print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 2
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The innermost cause of `e`: jsonargparse re-raises a component's own ValueError inside its longer one."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return e
 
 
 def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
@@ -225,4 +294,4 @@ def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

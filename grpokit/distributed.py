@@ -104,26 +104,40 @@ def gather_step(loss: float, metrics: list[dict[str, torch.Tensor]], weights: li
     return sum(p["loss"] for p in parts), [m for p in parts for m in p["metrics"]], [w for p in parts for w in p["weights"]]
 
 
+FSDP1_REFUSAL = (
+    "trainer.strategy fsdp (Lightning's FSDP1): use trainer.strategy: fsdp2, grpokit's FSDP2 strategy "
+    "(grpokit.fsdp; shards each decoder layer, runs on CUDA and on CPU)"
+)
+DEEPSPEED_REFUSAL = (
+    "grpokit trains on several processes with DDP (trainer.strategy: ddp; every rank holds the whole model) "
+    "or FSDP2 (trainer.strategy: fsdp2; each rank holds a shard). DeepSpeed is not supported"
+)
+
+
+def check_strategy_name(strategy) -> None:
+    """Refuse Lightning's FSDP1 and DeepSpeed by the recipe's strategy name, before Lightning builds the
+    Trainer (whose own errors for them on a CPU, "requires a GPU accelerator" or "pip install deepspeed",
+    would point away from the fix)."""
+    name = strategy.lower() if isinstance(strategy, str) else ""
+    if name.startswith("fsdp") and name != "fsdp2":
+        raise ValueError(FSDP1_REFUSAL)
+    if name.startswith("deepspeed"):
+        raise ValueError(f"trainer.strategy {strategy}: {DEEPSPEED_REFUSAL}")
+
+
 def check_trainer_processes(trainer, run_name_given: bool) -> None:
     """Refuse a trainer spread over several processes in a way grpokit cannot run, naming the fix."""
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
     strategy = trainer.strategy
     if isinstance(strategy, FSDPStrategy):
-        raise ValueError(
-            "trainer.strategy fsdp (Lightning's FSDP1): use trainer.strategy: fsdp2, grpokit's FSDP2 strategy "
-            "(grpokit.fsdp; shards each decoder layer, runs on CUDA and on CPU)"
-        )
+        raise ValueError(FSDP1_REFUSAL)
     if isinstance(strategy, ModelParallelStrategy) and strategy._tensor_parallel_size not in (1, "auto"):
         raise ValueError(f"trainer.strategy ModelParallelStrategy with tensor_parallel_size {strategy._tensor_parallel_size}: grpokit shards with FSDP2 only; use trainer.strategy: fsdp2")
     if trainer.world_size == 1:
         return
     if not isinstance(strategy, (DDPStrategy, ModelParallelStrategy)) or isinstance(strategy, DeepSpeedStrategy):
-        raise ValueError(
-            f"trainer.strategy {type(strategy).__name__}: grpokit trains on several processes with DDP "
-            "(trainer.strategy: ddp; every rank holds the whole model) or FSDP2 (trainer.strategy: fsdp2; "
-            "each rank holds a shard). DeepSpeed is not supported"
-        )
+        raise ValueError(f"trainer.strategy {type(strategy).__name__}: {DEEPSPEED_REFUSAL}")
     if getattr(strategy, "_start_method", "popen") != "popen":
         raise ValueError(
             f"trainer.strategy ddp_{strategy._start_method}: use trainer.strategy: ddp (or torchrun/SLURM). Spawned or forked "

@@ -26,6 +26,8 @@ CASES = [
     (["--data.sampling.temperature", "null", "--data.temp_scheduler", '{"start_temperature": 0}'], r"temperatures must be > 0"),
     (["--model.activation_memory_budget", "0.2"], r"model.activation_memory_budget \(0.2\) needs model.compile: true"),
     (["--model.compile", "true", "--model.activation_memory_budget", "1.5"], r"a value in \(0, 1\]"),
+    (["--trainer.strategy", "fsdp"], r"trainer.strategy fsdp \(Lightning's FSDP1\): use trainer.strategy: fsdp2"),  # before Lightning's "needs a GPU"
+    (["--trainer.strategy", "deepspeed_stage_2"], r"DeepSpeed is not supported"),
 ]
 
 
@@ -35,3 +37,20 @@ def test_invalid_value_names_the_key(overrides, message, tmp_path, capsys):
         make_cli(["--config", RECIPE, "--output_dir", str(tmp_path), *overrides], run=False)
     text = str(info.value) + capsys.readouterr().err
     assert re.search(message, text), text[-2000:]
+
+
+def test_a_run_folder_with_checkpoints_is_not_started_over(tmp_path):
+    (tmp_path / "r" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "r" / "checkpoints" / "step_3.ckpt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"already holds a run with checkpoints \(steps 3\): resume it with --ckpt.resume_step -1"):
+        make_cli(["--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r"], run=False)
+
+
+def test_errors_before_training_print_one_line_naming_the_key(tmp_path, capsys):
+    from grpokit.cli import entry as main  # the `grpokit` command
+
+    assert main(["fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--data.buffer", "{skip_verification: true, online_difficulty_filtering: true}"]) == 2
+    err = capsys.readouterr().err
+    assert "grpokit: error: data.buffer.skip_verification leaves every reward 0" in err and "Traceback" not in err
+    assert main(["fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "none", "--ckpt.resume_step", "-1"]) == 2
+    assert "no checkpoints in" in capsys.readouterr().err and not (tmp_path / "none").exists()  # a refused start leaves no folder

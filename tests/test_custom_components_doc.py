@@ -4,6 +4,9 @@ short name through an entry point, trained end to end on the tiny model."""
 import csv
 import importlib
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from grpokit.cli import main
@@ -31,12 +34,17 @@ def test_doc_example_by_class_path_then_entry_point(tmp_path, tiny_model, monkey
     rows = tiny_fit(tmp_path, tiny_model, "by-path", "my_lab.losses.Reinforce")
     assert len(rows) == 2 and "my_lab.losses.Reinforce" in (tmp_path / "by-path" / "config.yaml").read_text()
 
-    entry = re.search(r'\[project.entry-points."grpokit.registry"\]\n(.*?)\n', DOC).group(1)
-    dist = site / "my_lab-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-lab\nVersion: 0.1\n")
-    name, value = (part.strip().strip('"') for part in entry.split("="))
-    (dist / "entry_points.txt").write_text(f"[grpokit.registry]\n{name} = {value}\n")
+    project = tmp_path / "my-lab"  # the doc's layout and pyproject.toml, installed by pip for real
+    (project / "my_lab").mkdir(parents=True)
+    (project / "my_lab" / "__init__.py").write_text("")
+    (project / "my_lab" / "losses.py").write_text(code)
+    (project / "pyproject.toml").write_text(re.search(r"```toml\n# my-lab/pyproject.toml\n(.*?)```", DOC, re.S).group(1))
+    installed = tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(installed), str(project)], check=True)
+    monkeypatch.syspath_prepend(str(installed))
+    shutil.rmtree(site)  # from here on, my_lab comes from the installed distribution
+    for module in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
+        del sys.modules[module]
     importlib.invalidate_caches()
     discover()
     assert any(c.name == "Reinforce" and c.class_path == "my_lab.losses.Reinforce" for c in components("loss"))

@@ -23,6 +23,7 @@ UNPICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", 
 PICKLING_CALLS = {"broadcast_object_list", "scatter_object_list", "gather_object", "all_gather_object", "send_object_list", "recv_object_list", "unsafe_load", "full_load"}
 ENV_VARS = {
     "PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI", "GRPOKIT_CACHE": "where converted models are cached",
+    "GRPOKIT_TRACEBACK": "show the traceback of a start-up error (grpokit.cli.entry)",
     "RANK": "torchrun's global rank", "LOCAL_RANK": "the launcher's local rank", "NODE_RANK": "the launcher's node rank",
 }
 SECRET_ARG = re.compile(r"(^|_)(api_?key|secret|password|passwd|auth_?token|bearer)$", re.IGNORECASE)

@@ -1,0 +1,242 @@
+"""How a recipe names its components: names checked before parsing, and swaps that reset settings.
+
+A component name that matches no class of its kind (`--model.loss AIPOO`) fails before jsonargparse
+parses the recipe, whose own message ("Expected a dot import path string: AIPOO") names neither the
+kind nor the known names: `check_component_names` names the key, the closest known names and
+`grpokit registry list KIND`.
+
+Swapping a component resets its settings to the new class's defaults.
+
+jsonargparse, on purpose, keeps the init_args that the old and the new class share when a later
+source (an overlay file or a command-line flag) changes a component's class_path: after the recipe's
+`ClippedPG` (eps_low 0.2, eps_high 0.28), `--model.loss GSPO` would train GSPO with a clip range 500x
+its own default (3e-4, 4e-4), and a user filter would inherit the recipe filter's `enforce: true`.
+A researcher who swaps a component in one line expects that component's defaults, so grpokit replays
+the recipe's sources in order (each `--config` file, then each flag, as jsonargparse reads them),
+finds, for every component, the arguments set since its class last changed, and resets the other
+carried arguments to the new class's defaults, saying so on stderr.
+
+Components inside lists (`data.filters`, `data.env`) are not tracked: restate their init_args.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+
+import yaml
+from jsonargparse import Namespace
+
+
+COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.components.KINDS)
+    "model.loss": "loss",
+    "model.noise_scheduler": "noise",
+    "data.advantage": "advantage",
+    "data.filters": "filter",
+    "data.transport": "transport",
+    "inference": "inference",
+    "broadcast": "broadcast",
+}
+
+
+@dataclass
+class _History:
+    cls: str | None = None  # the class the sources last named (short name or class path)
+    switched: bool = False  # a source named a different class after an earlier one
+    explicit: set[str] = field(default_factory=set)  # init_args given since the last class change
+
+
+def _short(cls: str) -> str:
+    return cls.rsplit(".", 1)[-1]
+
+
+def _set_class(h: _History, cls: str) -> None:
+    if h.cls is not None and _short(h.cls) != _short(cls):
+        h.switched, h.explicit = True, set()
+    h.cls = cls
+
+
+def _apply_value(h: _History, value) -> None:
+    """A source's value for the component: a class name, or a dict with class_path and/or init_args."""
+    if isinstance(value, str):
+        parsed = yaml.safe_load(value) if value.lstrip().startswith("{") else value
+        if isinstance(parsed, str):
+            _set_class(h, parsed)
+            return
+        value = parsed
+    if not isinstance(value, dict):
+        return
+    if isinstance(value.get("class_path"), str):
+        _set_class(h, value["class_path"])
+    args = value.get("init_args") if isinstance(value.get("init_args"), dict) else {k: v for k, v in value.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+    h.explicit |= set(args)
+
+
+def _component_keys(config: Namespace, prefix: str = "") -> list[str]:
+    """Dotted keys of every single (not listed) component in a parsed config."""
+    keys = []
+    for name, value in vars(config).items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Namespace):
+            if isinstance(getattr(value, "class_path", None), str) and isinstance(getattr(value, "init_args", None), Namespace):
+                keys.append(key)
+            else:
+                keys += _component_keys(value, key + ".")
+    return keys
+
+
+def _lookup(tree, key: str):
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _flags(argv: list[str]):
+    """(name, value) of every `--name value` and `--name=value` in argv, in order."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and "=" in arg:
+            name, value = arg.split("=", 1)
+            i += 1
+        elif arg.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            name, value = arg, argv[i + 1]
+            i += 2
+        else:
+            i += 1
+            continue
+        yield name.lstrip("-"), value
+
+
+def _default_class(default) -> str | None:
+    """The class of a parser default: a Namespace with class_path, or a lazy_instance (a subclass of it)."""
+    if isinstance(default, Namespace):
+        return default.class_path if isinstance(getattr(default, "class_path", None), str) else None
+    if default is None or isinstance(default, (str, int, float, bool, list, dict)):
+        return None
+    cls = type(default)
+    return cls.__mro__[1].__name__ if cls.__name__.startswith("LazyInstance") else cls.__name__
+
+
+def _histories(argv: list[str], keys: list[str], defaults: Namespace | None) -> dict[str, _History]:
+    histories = {k: _History(cls=_default_class(_get(defaults, k))) for k in keys}
+    for flag, value in _flags(argv):
+        if flag in ("config", "c"):
+            try:
+                with open(value) as f:
+                    tree = yaml.safe_load(f)
+            except (OSError, yaml.YAMLError):
+                continue
+            for k, h in histories.items():
+                node = _lookup(tree, k)
+                if node is not None:
+                    _apply_value(h, node)
+            continue
+        for k, h in histories.items():
+            if flag == k:
+                _apply_value(h, value)
+            elif flag == f"{k}.class_path":
+                _set_class(h, value)
+            elif flag == f"{k}.init_args":
+                _apply_value(h, {"init_args": yaml.safe_load(value)})
+            elif flag.startswith(k + "."):
+                rest = flag[len(k) + 1 :].removeprefix("init_args.")
+                if rest:
+                    h.explicit.add(rest.split(".")[0])  # `serve.port` sets part of `serve`: keep all of it
+    return histories
+
+
+def _get(config: Namespace | None, key: str):
+    if config is None:
+        return None
+    try:
+        return config[key]
+    except (KeyError, TypeError):
+        return None
+
+
+def _class_defaults(class_path: str) -> dict:
+    module, name = class_path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
+    return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namespace | None = None) -> list[str]:
+    """Reset, in `config` (the parsed recipe), every init_arg that a component carried over from the class
+    it replaced to the new class's default; return one line per reset component (also printed to stderr)."""
+    notes = []
+    for key, h in _histories(argv, _component_keys(config), defaults).items():
+        if not h.switched:
+            continue
+        node = config[key]
+        class_defaults = _class_defaults(node.class_path)
+        reset = {n: (getattr(node.init_args, n), class_defaults[n]) for n in vars(node.init_args)
+                 if n not in h.explicit and n in class_defaults and getattr(node.init_args, n) != class_defaults[n]}
+        for n, (_, default) in reset.items():
+            setattr(node.init_args, n, default)
+        if reset:
+            changes = ", ".join(f"{n} {old!r} -> {new!r}" for n, (old, new) in reset.items())
+            notes.append(f"{key}: {_short(node.class_path)} replaced an earlier class; its settings carried from that class are reset to "
+                         f"{_short(node.class_path)}'s defaults ({changes}). Give them after the class to keep other values.")
+    for line in notes:
+        print(f"grpokit: {line}", file=sys.stderr)
+    return notes
+
+
+def _named_classes(value) -> list[str]:
+    """The classes a source names for a component key: a name, a dict's class_path, or a list of those."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = yaml.safe_load(text) if text[:1] in ("{", "[") else text
+        if isinstance(value, str):
+            return [value] if value and value.lower() not in ("null", "none") else []
+    if isinstance(value, list):
+        return [name for item in value for name in _named_classes(item)]
+    if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+        return [value["class_path"]]
+    return []
+
+
+def _component_names(argv: list[str]):
+    """(source, key, class name) for every class that argv's config files and flags name for a component key."""
+    for flag, value in _flags(argv):
+        if flag in ("config", "c"):
+            try:
+                with open(value) as f:
+                    tree = yaml.safe_load(f)
+            except (OSError, yaml.YAMLError):
+                continue  # a missing or broken file gets its own clear error
+            for key in COMPONENT_KEYS:
+                for name in _named_classes(_lookup(tree, key)):
+                    yield f"--config {value}", key, name
+            continue
+        flag = flag.rstrip("+")  # `--data.filters+=NAME` appends
+        for key in COMPONENT_KEYS:
+            if flag in (key, f"{key}.class_path"):
+                for name in _named_classes(value):
+                    yield f"--{flag}", key, name
+
+
+def check_component_names(argv: list[str]) -> None:
+    """Raise ValueError for a short component name (no dots) that no registered class of the key's kind
+    has, naming the key, the closest names and where to list them. Class paths are left to jsonargparse."""
+    from grpokit.components import components
+
+    for source, key, name in _component_names(argv):
+        kind = COMPONENT_KEYS[key]
+        known = [c.name for c in components(kind)]
+        if "." in name or name in known:
+            continue
+        elsewhere = sorted({c.kind for c in components() if c.name == name})
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+        raise ValueError(
+            f"{key}: no {kind} is named {name!r} ({source})"
+            + (f"; {name} is of kind {' and '.join(elsewhere)}, not {kind}" if elsewhere else "")
+            + (f"; did you mean {' or '.join(close)}?" if close else "")
+            + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give your class's import path (my_lab.losses.MyLoss)"
+        )
