@@ -157,7 +157,8 @@ class GrpoCLI(LightningCLI):
         broadcast.setup(self.run_dir)
         self._discard_stale_weights(broadcast)
         engine.setup(self.model.model_name)
-        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer)
+        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer,
+                                trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1)  # DDP: keep a micro-batch per rank
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
             self.trainer.callbacks.append(ShareBaseWeights(engine))  # before WeightSync: shared before the first publish
         self.trainer.callbacks.append(WeightSync(broadcast))

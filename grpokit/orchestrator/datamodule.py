@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
@@ -28,7 +29,7 @@ from grpokit.orchestrator.batching import resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
-from grpokit.orchestrator.packing import pack
+from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import generate_rollouts
@@ -56,6 +57,7 @@ class Orchestrator(L.LightningDataModule):
         sampling: SamplingSettings | None = None,
         temp_scheduler: TemperatureSchedule | None = None,
         seq_len: int = 2048,
+        packing: Literal["auto", "tokens", "prefix_tree"] = "auto",
         max_async_level: int = 1,
         max_off_policy_steps: int = 8,
         seed: int = 0,
@@ -79,7 +81,13 @@ class Orchestrator(L.LightningDataModule):
             transport: carries batches to the trainer (kind `transport`; default FilesystemTransport).
             sampling: temperature, top_p, max_tokens, stop, seed.
             temp_scheduler: per-step temperature (linear or cosine); excludes sampling.temperature.
-            seq_len: tokens per packed micro-batch.
+            seq_len: tokens per packed micro-batch (its distinct prefixes with packing prefix_tree).
+            packing: what seq_len counts: "tokens", or "prefix_tree" nodes (distinct prefixes) for a
+                trainer that runs each shared prefix once (model.share_prefixes); "auto" = prefix_tree
+                when this process's trainer shares prefixes (co-locate fit on one device; with DDP the
+                fewer micro-batches would leave ranks idle), else tokens. Set
+                prefix_tree for `grpokit orchestrate` only when the trainer shares prefixes: a packed-row
+                trainer would get micro-batches of up to G x seq_len tokens.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
             max_off_policy_steps: groups sampled more than this many steps before the step that would
                 train on them are dropped (counted in dropped_off_policy_groups); matters when a
@@ -121,6 +129,7 @@ class Orchestrator(L.LightningDataModule):
             raise ValueError("set either data.sampling.temperature or data.temp_scheduler, not both (the schedule sets the temperature of each step)")
         self.temp_scheduler = temp_scheduler
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
+        self.packing, self.trainer_shares_prefixes = packing, False
         self.max_off_policy_steps = max_off_policy_steps
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()
@@ -133,15 +142,18 @@ class Orchestrator(L.LightningDataModule):
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def connect(
-        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, restore_buffer: bool = True
+        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, restore_buffer: bool = True,
+        trainer_shares_prefixes: bool = False,
     ) -> None:
-        """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side).
+        """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side), and
+        whether the trainer in this process shares prefixes (packing auto).
 
         The easy/hard pools are restored as they were when the batch of start_step was sampled, or
         start empty with restore_buffer=False (ckpt.skip_buffer).
         """
         self.connect_trainer(run_dir, max_steps, start_step)
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
+        self.trainer_shares_prefixes = trainer_shares_prefixes
         self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
         scored = [Environment(spec) for spec in self.env_specs]
         self.envs = [UnscoredEnvironment(env) for env in scored] if self.buffer.skip_verification else scored
@@ -211,8 +223,9 @@ class Orchestrator(L.LightningDataModule):
         self._log_samples(step, all_rollouts)
         experts = expert_rollouts(groups, self.envs, self.tokenizer, self.expert) if self.expert else []
         metrics["expert_seqs"] = float(len(experts))
-        micro_batches = pack(rollouts + experts, advantages + [[0.0] * len(r.completion_ids) for r in experts], trainable + [True] * len(experts), self.seq_len)
-        metrics["packing_efficiency"] = sum(mb.num_tokens for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
+        tree = self.packing == "prefix_tree" or (self.packing == "auto" and self.trainer_shares_prefixes)
+        micro_batches = pack(rollouts + experts, advantages + [[0.0] * len(r.completion_ids) for r in experts], trainable + [True] * len(experts), self.seq_len, prefix_tree=tree)
+        metrics["packing_efficiency"] = sum(num_positions(mb, tree) for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
         record_timeline(self.run_dir, "orchestrator", step, wall_start - (gen_time if fresh else 0.0), time.time(), policy_step=min(r.policy_step for r in all_rollouts))
         return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(generation) or 1.0, metrics=metrics)
 
