@@ -16,7 +16,8 @@ the recipe's sources in order (each `--config` file, then each flag, as jsonargp
 finds, for every component, the arguments set since its class last changed, and resets the other
 carried arguments to the new class's defaults, saying so on stderr.
 
-Components inside lists (`data.filters`, `data.env`) are not tracked: restate their init_args.
+A list of components (`data.filters`) given again is merged element by element by jsonargparse, so
+each element is tracked by its index the same way.
 """
 
 from __future__ import annotations
@@ -75,17 +76,23 @@ def _apply_value(h: _History, value) -> None:
     h.explicit |= set(args)
 
 
-def _component_keys(config: Namespace, prefix: str = "") -> list[str]:
-    """Dotted keys of every single (not listed) component in a parsed config."""
-    keys = []
+def _is_component(value) -> bool:
+    return isinstance(value, Namespace) and isinstance(getattr(value, "class_path", None), str) and isinstance(getattr(value, "init_args", None), Namespace)
+
+
+def _component_keys(config: Namespace, prefix: str = "") -> tuple[list[str], list[str]]:
+    """Dotted keys of every single component in a parsed config, and of every list of components."""
+    single, lists = [], []
     for name, value in vars(config).items():
         key = f"{prefix}{name}"
-        if isinstance(value, Namespace):
-            if isinstance(getattr(value, "class_path", None), str) and isinstance(getattr(value, "init_args", None), Namespace):
-                keys.append(key)
-            else:
-                keys += _component_keys(value, key + ".")
-    return keys
+        if _is_component(value):
+            single.append(key)
+        elif isinstance(value, Namespace):
+            more = _component_keys(value, key + ".")
+            single, lists = single + more[0], lists + more[1]
+        elif isinstance(value, list) and value and all(_is_component(v) for v in value):
+            lists.append(key)
+    return single, lists
 
 
 def _lookup(tree, key: str):
@@ -123,8 +130,20 @@ def _default_class(default) -> str | None:
     return cls.__mro__[1].__name__ if cls.__name__.startswith("LazyInstance") else cls.__name__
 
 
-def _histories(argv: list[str], keys: list[str], defaults: Namespace | None) -> dict[str, _History]:
+def _histories(argv: list[str], keys: list[str], list_keys: list[str], defaults: Namespace | None) -> dict[str, _History]:
+    """The history of each single component (by key) and of each element of a list of components (by
+    `key[i]`: jsonargparse merges a list given again element by element)."""
     histories = {k: _History(cls=_default_class(_get(defaults, k))) for k in keys}
+    lengths = dict.fromkeys(list_keys, 0)
+
+    def apply_list(key: str, value, append: bool) -> None:
+        items = yaml.safe_load(value) if isinstance(value, str) and value.strip()[:1] in ("[", "{") else value
+        items = items if isinstance(items, list) else [items]
+        start = lengths[key] if append else 0
+        for i, item in enumerate(items, start):
+            _apply_value(histories.setdefault(f"{key}[{i}]", _History()), item)
+        lengths[key] = start + len(items) if append else len(items)
+
     for flag, value in _flags(argv):
         if flag in ("config", "c"):
             try:
@@ -132,12 +151,20 @@ def _histories(argv: list[str], keys: list[str], defaults: Namespace | None) -> 
                     tree = yaml.safe_load(f)
             except (OSError, yaml.YAMLError):
                 continue
-            for k, h in histories.items():
+            for k in keys:
                 node = _lookup(tree, k)
                 if node is not None:
-                    _apply_value(h, node)
+                    _apply_value(histories[k], node)
+            for k in list_keys:
+                node = _lookup(tree, k)
+                if node is not None:
+                    apply_list(k, node, append=False)
             continue
-        for k, h in histories.items():
+        for k in list_keys:
+            if flag in (k, k + "+"):
+                apply_list(k, value, append=flag.endswith("+"))
+        for k in keys:
+            h = histories[k]
             if flag == k:
                 _apply_value(h, value)
             elif flag == f"{k}.class_path":
@@ -170,10 +197,13 @@ def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namesp
     """Reset, in `config` (the parsed recipe), every init_arg that a component carried over from the class
     it replaced to the new class's default; return one line per reset component (also printed to stderr)."""
     notes = []
-    for key, h in _histories(argv, _component_keys(config), defaults).items():
+    for key, h in _histories(argv, *_component_keys(config), defaults).items():
         if not h.switched:
             continue
-        node = config[key]
+        name, _, index = key.partition("[")
+        if index and int(index[:-1]) >= len(config[name] or []):
+            continue  # the list was given again, shorter
+        node = config[name][int(index[:-1])] if index else config[key]
         class_defaults = _class_defaults(node.class_path)
         reset = {n: (getattr(node.init_args, n), class_defaults[n]) for n in vars(node.init_args)
                  if n not in h.explicit and n in class_defaults and getattr(node.init_args, n) != class_defaults[n]}

@@ -96,3 +96,15 @@ def test_the_command_line_lists_every_command_and_refuses_an_unknown_one():
     assert typo.returncode == 2 and "unknown command 'trian'" in typo.stderr
     bad = run("fit", "--config", RECIPE, "--model.loss", "AIPOO")
     assert bad.returncode == 2 and "grpokit: error: model.loss: no loss is named 'AIPOO'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_list_given_again_resets_each_swapped_element_and_appends_start_fresh(capsys):
+    overlong = "grpokit.registry.filters.overlong.Overlong"
+    zero_std = "grpokit.registry.filters.zero_std.ZeroStd"
+    config = Namespace(data=Namespace(filters=[Namespace(class_path=zero_std, init_args=Namespace(enforce=True))]))
+    notes = reset_carried_init_args(["fit", "--config", RECIPE, "--data.filters", "[{class_path: ZeroStd}]"], config)  # the recipe's [0] is Overlong(enforce: true)
+    assert config.data.filters[0].init_args.enforce is False and "data.filters[0]: ZeroStd" in notes[0]
+
+    kept = Namespace(data=Namespace(filters=[Namespace(class_path=overlong, init_args=Namespace(enforce=True)), Namespace(class_path=zero_std, init_args=Namespace(enforce=True))]))
+    assert reset_carried_init_args(["fit", "--config", RECIPE, "--data.filters+={class_path: ZeroStd, init_args: {enforce: true}}"], kept) == []
+    assert [f.init_args.enforce for f in kept.data.filters] == [True, True]  # appended with its own settings; [0] untouched
