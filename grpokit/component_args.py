@@ -95,6 +95,15 @@ def _component_keys(config: Namespace, prefix: str = "") -> tuple[list[str], lis
     return single, lists
 
 
+def _config_tree(path: str) -> dict | None:
+    """A `--config` file's contents; None for a missing or broken file (it gets its own clear error)."""
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
 def _lookup(tree, key: str):
     for part in key.split("."):
         if not isinstance(tree, dict) or part not in tree:
@@ -146,11 +155,7 @@ def _histories(argv: list[str], keys: list[str], list_keys: list[str], defaults:
 
     for flag, value in _flags(argv):
         if flag in ("config", "c"):
-            try:
-                with open(value) as f:
-                    tree = yaml.safe_load(f)
-            except (OSError, yaml.YAMLError):
-                continue
+            tree = _config_tree(value)
             for k in keys:
                 node = _lookup(tree, k)
                 if node is not None:
@@ -236,11 +241,7 @@ def _component_names(argv: list[str]):
     """(source, key, class name) for every class that argv's config files and flags name for a component key."""
     for flag, value in _flags(argv):
         if flag in ("config", "c"):
-            try:
-                with open(value) as f:
-                    tree = yaml.safe_load(f)
-            except (OSError, yaml.YAMLError):
-                continue  # a missing or broken file gets its own clear error
+            tree = _config_tree(value)
             for key in COMPONENT_KEYS:
                 for name in _named_classes(_lookup(tree, key)):
                     yield f"--config {value}", key, name
