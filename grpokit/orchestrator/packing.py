@@ -15,13 +15,18 @@ import torch
 from grpokit.types import MicroBatch, Rollout
 
 
+def check_fits(length: int, capacity: int) -> None:
+    """A sequence longer than a whole micro-batch cannot be packed (tokens and tree nodes alike)."""
+    if length > capacity:
+        raise ValueError(f"a sequence of {length} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens")
+
+
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """Group item indices into bins whose lengths sum to <= capacity, longest items first."""
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > capacity:
-            raise ValueError(f"a sequence of {lengths[i]} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens")
+        check_fits(lengths[i], capacity)
         for b, free in enumerate(room):
             if lengths[i] <= free:
                 bins[b].append(i)
@@ -41,8 +46,7 @@ def first_fit_decreasing_tree(sequences: list[list[int]], capacity: int) -> list
     sizes: list[int] = []
     for i in sorted(range(len(sequences)), key=lambda i: -len(sequences[i])):
         seq = sequences[i]
-        if len(seq) > capacity:
-            raise ValueError(f"a sequence of {len(seq)} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens")
+        check_fits(len(seq), capacity)
         for b, trie in enumerate(tries):
             new = len(seq) - _shared_depth(trie, seq)
             if sizes[b] + new <= capacity:
