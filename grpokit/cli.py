@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
+from grpokit.progress import use_step_progress_bar
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
@@ -135,6 +136,7 @@ class GrpoCLI(LightningCLI):
             torch.set_num_threads(config.num_threads)
 
     def before_fit(self) -> None:
+        use_step_progress_bar(self.trainer)  # "GRPO step 12/50", not Lightning's "Epoch 0/-2"
         self._wire_roles()
         STARTED[0] = True  # from here on, an error is a training failure: its traceback is printed
 

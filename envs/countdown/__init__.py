@@ -10,8 +10,9 @@ Scoring never runs model output: the expression (the last <answer>...</answer>, 
 non-empty line; anything from the first "=" on is dropped, so "3 * 4 = 12" reads as "3 * 4") may contain
 only ASCII digits, + - * / ( ) and whitespace; it is parsed with `ast` and only integer literals and the four
 binary operators are evaluated, in exact fractions. Reward, as in TinyZero: 1.0 when the value equals the
-target (within 1e-6); `format_score` (0.1) when the expression is well formed, uses only offered numbers,
-each at most once, and has a value (no division by zero); else 0.0. Metric `solved`: 1.0 iff it equals
+target (within 1e-6); `format_score` (0.1) when the expression is well formed, combines offered numbers
+with at least one operator (a bare number is no answer), uses each at most as often as offered, and has a
+value (no division by zero); else 0.0. Metric `solved`: 1.0 iff it equals
 the target.
 
 Args (recipe `data.env: [{id: countdown, args: {...}}]`): num_tasks, min_numbers, max_numbers,
@@ -86,7 +87,12 @@ def extract_expression(reply: str) -> str:
 
 def evaluate(expression: str, numbers: list[int]) -> Fraction | None:
     """The exact value of `expression`, or None when it is malformed, uses a number not offered (or more
-    often than offered), or divides by zero. Only integer literals and + - * / are ever evaluated."""
+    often than offered), divides by zero, or is a bare number (no operator). Only integer literals and
+    + - * / are ever evaluated.
+
+    A bare number gets no format credit: it only repeats one of the puzzle's inputs (never the target),
+    and SmolLM2-135M learned within 15 steps to answer every puzzle with one offered number for a
+    steady 0.1 (docs/results.md)."""
     if not expression or len(expression) > MAX_EXPRESSION_CHARS or not ALLOWED_CHARS.fullmatch(expression):
         return None
     try:
@@ -95,7 +101,7 @@ def evaluate(expression: str, numbers: list[int]) -> Fraction | None:
         return None
     allowed = (ast.Expression, ast.BinOp, ast.Constant, *OPERATORS)
     nodes = list(ast.walk(tree))
-    if not all(isinstance(node, allowed) for node in nodes):
+    if not all(isinstance(node, allowed) for node in nodes) or not isinstance(tree.body, ast.BinOp):
         return None
     literals = [node.value for node in nodes if isinstance(node, ast.Constant)]
     if any(type(v) is not int for v in literals) or Counter(literals) - Counter(numbers):

@@ -62,6 +62,9 @@ def test_generated_solution_scores_one():
     ("<answer>4.0 + 7</answer>", 0.0),                  # float literals are not offered numbers
     ("<answer>(4)(7)</answer>", 0.0),                   # a call
     ("<answer></answer>", 0.0),
+    ("<answer>7</answer>", 0.0),                        # a bare offered number: no format credit
+    ("So the answer is\n4", 0.0),
+    ("<answer>(7)</answer>", 0.0),
     ("I don't know", 0.0),
     ("", 0.0),
 ])
