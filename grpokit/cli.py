@@ -21,7 +21,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
-from grpokit.progress import use_step_progress_bar
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
@@ -32,6 +31,7 @@ from grpokit.models import load_tokenizer
 from grpokit.norm_noise import check_engine_accepts_norms
 from grpokit.orchestrator import Orchestrator
 from grpokit.policy import Policy
+from grpokit.progress import use_step_progress_bar
 from grpokit.recipe_files import check_recipe_files
 from grpokit.roles import ServerSettings, first_unsent_step
 

@@ -19,26 +19,27 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 DESCRIPTION = "GRPO step"
 
 
-class StepRichProgressBar(RichProgressBar):
-    """Lightning's rich bar, counting global steps out of max_steps."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        return DESCRIPTION
+class CountsSteps:
+    """What both bars change: the total is max_steps and the count is the global step (Lightning's
+    bars show batch_idx + 1, so they are handed global_step - 1 as the batch index)."""
 
     @property
     def total_train_batches(self) -> int:
         return self.trainer.max_steps
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)  # the bar shows batch_idx + 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
 
 
-class StepTQDMProgressBar(TQDMProgressBar):
+class StepRichProgressBar(CountsSteps, RichProgressBar):
+    """Lightning's rich bar, counting global steps out of max_steps."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return DESCRIPTION
+
+
+class StepTQDMProgressBar(CountsSteps, TQDMProgressBar):
     """Lightning's tqdm bar, counting global steps out of max_steps."""
-
-    @property
-    def total_train_batches(self) -> int:
-        return self.trainer.max_steps
 
     def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
         super().on_train_start(trainer, *args)
@@ -52,9 +53,6 @@ class StepTQDMProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         bar.total, bar.initial = trainer.max_steps, trainer.global_step
         bar.set_description(DESCRIPTION)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
 
 
 def use_step_progress_bar(trainer: L.Trainer) -> None:
