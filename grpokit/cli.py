@@ -49,6 +49,7 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   rollouts     record a run's batches, or train variants on recorded batches
 """
 STARTED = [False]  # whether the recipe is parsed, built and wired (main: errors before that print as one line)
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # root_cause: which exceptions grpokit raised
 # bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU kernel
 # for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: "kernels-community" not in record.getMessage())
@@ -284,10 +285,23 @@ def entry(argv: list[str] | None = None) -> int:
 
 
 def root_cause(e: BaseException) -> BaseException:
-    """The innermost cause of `e`: jsonargparse re-raises a component's own ValueError inside its longer one."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    return e
+    """The exception to show for `e`: the outermost one in its `raise ... from` chain that grpokit raised
+    (its message names the key and the fix), else the innermost (jsonargparse wraps a component's own
+    ValueError inside its longer one; a library's wrapper hides the real cause)."""
+    chain = [e]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    return next((c for c in chain if raised_in_grpokit(c)), chain[-1])
+
+
+def raised_in_grpokit(e: BaseException) -> bool:
+    """Whether the frame that raised `e` is in grpokit's own source."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR)
 
 
 def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:

@@ -129,7 +129,22 @@ def load_taskset(spec: EnvSpec):
     try:
         return _load_taskset(spec)
     except pydantic.ValidationError as e:
-        raise ValueError(f"data.env id {spec.id!r}: its taskset does not accept args {spec.args}: {e}") from e
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"data.env id {spec.id!r}: bad args {spec.args}: {problems}{accepted_args(spec)}") from e
+
+
+def accepted_args(spec: EnvSpec) -> str:
+    """' (accepted args: a, b, ...)' for a built-in environment, '' for others (their config is verifiers')."""
+    import verifiers.v1 as vf
+
+    module_name = spec.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
+    try:
+        module = importlib.import_module(f"grpokit.envs.{module_name}")
+    except ModuleNotFoundError:
+        return ""
+    configs = [getattr(module, n) for n in dir(module) if isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.TasksetConfig) and getattr(module, n) is not vf.TasksetConfig]
+    names = sorted({f for c in configs for f in c.model_fields if f not in vf.TasksetConfig.model_fields})
+    return f" (accepted args: {', '.join(names)})" if names else ""
 
 
 def _load_taskset(spec: EnvSpec):

@@ -33,6 +33,8 @@ def cache_dir() -> Path:
 def resolve_model(name: str) -> str:
     """Return a path or HF id that `from_pretrained` can load for `name`."""
     if name not in GGUF_ALIASES:
+        if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
+            raise FileNotFoundError(f"model.model {name!r}: no such folder. Set it to a local model folder, an HF id, or one of {sorted(GGUF_ALIASES)}")
         return name
     package, gguf_file, folder = GGUF_ALIASES[name]
     target = cache_dir() / "models" / folder

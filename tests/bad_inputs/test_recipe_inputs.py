@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import main, make_cli
+from grpokit.cli import entry, main, make_cli
 from grpokit.env import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 
@@ -40,7 +40,7 @@ def test_unknown_keys_and_wrong_types_name_the_key(tmp_path, capsys, text, messa
 
 
 def test_a_missing_model_path_names_model_model(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"cannot load the tokenizer of model '/no/such/model'.*Set model.model to"):
+    with pytest.raises(FileNotFoundError, match=r"model.model '/no/such/model': no such folder. Set it to a local model folder"):
         main(tiny_fit_argv(tmp_path, "/no/such/model", "missing-model", "--trainer.max_steps", "1"))
 
 
@@ -49,6 +49,21 @@ def test_an_unknown_environment_id_names_data_env_and_the_built_ins():
         Environment(EnvSpec(id="no-such-env"))
 
 
-def test_environment_args_the_taskset_rejects_name_data_env():
-    with pytest.raises(ValueError, match=r"data.env id 'reverse-text': its taskset does not accept args \{'num_taskz': 3\}(.|\n)*num_taskz"):
+def test_environment_args_the_taskset_rejects_name_data_env_and_the_accepted_args():
+    with pytest.raises(ValueError, match=r"data.env id 'reverse-text': bad args \{'num_taskz': 3\}: num_taskz: Extra inputs are not permitted \(accepted args: max_words, min_words, num_tasks"):
         Environment(EnvSpec(id="reverse-text", args={"num_taskz": 3}))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--model.model", "/no/such/model"], "grpokit: error: model.model '/no/such/model': no such folder"),
+    (["--data.env", '[{"id": "revers-text"}]'], "grpokit: error: unknown environment id 'revers-text' (data.env): not a built-in"),
+    (["--data.env", '[{"id": "reverse-text", "args": {"num_taskz": 3}}]'], "grpokit: error: data.env id 'reverse-text': bad args"),
+], ids=["missing model folder", "unknown env id", "bad env args"])
+def test_the_command_prints_grpokits_own_message_not_the_librarys(tmp_path, capsys, tiny_model, overrides, message):
+    """`grpokit` (entry) prints one line: the message grpokit raised, not the innermost library error under it
+    (a bare "No module named 'revers_text'", a pydantic dump, an HF repo-id complaint)."""
+    argv = tiny_fit_argv(tmp_path, tiny_model, "bad-input", "--trainer.max_steps", "1", *overrides)
+    assert entry(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err and "No module named" not in err and "Repo id must be" not in err
