@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.io import atomic_write_bytes, atomic_write_json
-from grpokit.transport.recorded import FORMAT, MANIFEST, VERSION, batch_file
+from grpokit.transport.recorded import FORMAT, MANIFEST, VERSION, batch_file, read_manifest
 
 KEEP_EVERY_BATCH = json.dumps({"class_path": "grpokit.transport.filesystem.FilesystemTransport", "init_args": {"keep_last": 0}})
 # replay ignores these data keys: they do not shape the recorded batches
@@ -55,10 +55,31 @@ def export(run_dir: Path, dest: Path, num_steps: int) -> Path:
 
 
 def replay(folder: Path, recipe_argv: list[str]):
-    """Train on the recorded batches in `folder`: `grpokit train` with the RecordedRollouts transport."""
+    """Train on the recorded batches in `folder`: `grpokit train` with the RecordedRollouts transport, after
+    checking that the recipe keeps the recording's data section and asks for at most the recorded steps."""
     from grpokit.cli import make_cli
+    from grpokit.sweep.resolve import resolve_config
 
-    return make_cli(["fit", *recipe_argv, "--data.transport", json.dumps(replay_transport(folder))], role="train")
+    argv = [*recipe_argv, "--data.transport", json.dumps(replay_transport(folder))]
+    recorded_steps = len(read_manifest(folder)["sha256"])
+    problem = replay_problem(folder, yaml.safe_load(resolve_config(argv, "replay")) or {}, recorded_steps)
+    if problem:
+        raise ValueError(f"grpokit rollouts replay {folder}: {problem}")
+    return make_cli(["fit", *argv], role="train")
+
+
+def replay_problem(folder: Path, config: dict, recorded_steps: int) -> str | None:
+    """Why a run with resolved `config` cannot train on the recording in `folder` (None: it can). Recorded
+    batches fix everything the data section shapes (environment, sampling, advantages, filters), so a run
+    may change trainer-side keys only, for at most the recorded steps."""
+    differences = data_differences(recorded_config(folder), config)
+    if differences:
+        return (f"the recorded rollouts fix the data section, but this run changes {'; '.join(differences)}. "
+                "Vary trainer-side keys (model.*, trainer.*, seed_everything) on recorded rollouts, or record new ones")
+    max_steps = (config.get("trainer") or {}).get("max_steps")
+    if max_steps is None or max_steps < 0 or max_steps > recorded_steps:
+        return f"trainer.max_steps={max_steps}, but {folder} holds {recorded_steps} steps; set trainer.max_steps <= {recorded_steps}"
+    return None
 
 
 def data_differences(recorded_config: dict, run_config: dict) -> list[str]:

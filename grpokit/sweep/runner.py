@@ -24,7 +24,7 @@ import yaml
 from grpokit.checkpoint import checkpoint_steps
 from grpokit.io import atomic_write_text
 from grpokit.sweep.launchers import Launcher
-from grpokit.sweep.recording import data_differences, recorded_config, replay_transport
+from grpokit.sweep.recording import replay_problem, replay_transport
 from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.spec import RunSpec, SweepError, SweepSpec, nest
 from grpokit.sweep.state import SweepState, definition
@@ -72,12 +72,9 @@ class SweepRunner:
 
     def check_replayable(self, run: RunSpec, config: dict, recorded_steps: int) -> None:
         """A run on recorded rollouts may change the trainer's side only, and for at most the recorded steps."""
-        differences = data_differences(recorded_config(self.rollouts), config)
-        if differences:
-            raise SweepError(f"run {run.id}: rollouts {self.rollouts} fix the data section, but this run changes {'; '.join(differences)}. Vary trainer-side keys (model.*, trainer.*, seed_everything) on recorded rollouts, or drop rollouts:")
-        max_steps = (config.get("trainer") or {}).get("max_steps")
-        if max_steps is not None and max_steps > recorded_steps:
-            raise SweepError(f"run {run.id}: trainer.max_steps={max_steps}, but rollouts {self.rollouts} holds {recorded_steps} steps; set trainer.max_steps <= {recorded_steps}")
+        problem = replay_problem(self.rollouts, config, recorded_steps)
+        if problem:
+            raise SweepError(f"run {run.id}: rollouts {self.rollouts}: {problem} (or drop rollouts:)")
 
     def command(self, run: RunSpec) -> tuple[list[str], int | None]:
         """The run's command line, and the checkpoint step it resumes from (None: from the start)."""

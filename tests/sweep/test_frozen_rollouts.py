@@ -83,3 +83,21 @@ def test_a_frozen_rollout_sweep_refuses_data_changes_and_extra_steps(tmp_path, t
         with pytest.raises(SweepError, match=message):
             runner.prepare()
         assert not list(runner.sweep_dir.glob("*/log.txt"))  # refused before any run started
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--data.advantage", "LeaveOneOut"], r"rollouts replay .*: the recorded rollouts fix the data section, but this run changes data.advantage: recorded"),
+    (["--trainer.max_steps", "4"], r"trainer.max_steps=4, but .* holds 3 steps; set trainer.max_steps <= 3"),
+], ids=["data overlay", "more steps than recorded"])
+def test_replay_refuses_data_changes_and_extra_steps_before_training(tmp_path, tiny_model, overrides, message):
+    """`grpokit rollouts replay` applies the sweep's rules: a data overlay (an advantage, a filter) would be
+    silently ignored (the batches carry the recording's advantages), so it is an error, as is asking for more
+    steps than were recorded; both are refused before anything trains."""
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    (recorded / "manifest.json").write_text(json.dumps({"format": "grpokit.RecordedRollouts", "version": 1, "sha256": {"0": "x", "1": "y", "2": "z"}}))
+    args = recipe_args(tmp_path, tiny_model)
+    (recorded / "config.yaml").write_text(resolve_config(args, "recording"))
+    with pytest.raises(ValueError, match=message):
+        main(["rollouts", "replay", str(recorded), *args, "--output_dir", str(tmp_path), "--run_name", "variant", *overrides])
+    assert not (tmp_path / "variant").exists()
