@@ -122,6 +122,29 @@ def check_no_earlier_run(run_dir: Path) -> None:
         )
 
 
+# what a run writes into its folder while it trains (a sweep's overrides.yaml, resolved.yaml and log.txt are not)
+RUN_OUTPUTS = ("rollouts", "broadcasts", "broadcasts_ipc", "bad_batches", "metrics.csv", "samples.jsonl", "eval.jsonl", "timeline.jsonl", "buffer.jsonl", "replayed.jsonl")
+
+
+def archive_unfinished_attempt(run_dir: Path) -> Path | None:
+    """Move the outputs of an earlier attempt that stopped before its first checkpoint to
+    `archive/attempt_<time>/` before a fresh `grpokit fit` starts in the same folder; returns the archive
+    (None: the folder holds no batches). Without this, the new run's trainer would read the earlier
+    attempt's rollouts/step_N batches as its own (they exist before the new orchestrator rewrites them)
+    and append to its samples. With no checkpoint there is nothing to resume, so starting over is the
+    only choice; the archive keeps the earlier files. Only co-located `fit` calls it: in the
+    multi-process roles a batch already in rollouts/ may be the running orchestrator's."""
+    run_dir = Path(run_dir)
+    if not any((run_dir / "rollouts").glob("step_*")):
+        return None
+    dest = run_dir / "archive" / time.strftime("attempt_%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=False)
+    for name in RUN_OUTPUTS:
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, dest / name)
+    return dest
+
+
 def started_as_other_rank() -> bool:
     """Whether a launcher started this process as a trainer rank other than global rank 0 (Lightning's
     launcher sets LOCAL_RANK / NODE_RANK for the ranks it starts; torchrun sets RANK), before any

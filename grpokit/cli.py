@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
-from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
+from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, archive_unfinished_attempt, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
 from grpokit.distributed import check_strategy_name, check_trainer_processes
@@ -35,6 +35,7 @@ from grpokit.progress import use_step_progress_bar
 from grpokit.recipe_files import check_recipe_files
 from grpokit.roles import ServerSettings, first_unsent_step
 
+log = logging.getLogger(__name__)
 CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
 USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a command's options)
 
@@ -116,6 +117,8 @@ class GrpoCLI(LightningCLI):
         check_strategy_name(config.trainer.strategy)
         if self.role in ("fit", "train") and config.ckpt.resume_step is None and not started_as_other_rank():
             check_no_earlier_run(self.run_dir)
+            if self.role == "fit" and (archive := archive_unfinished_attempt(self.run_dir)):
+                log.warning("%s held batches of an earlier attempt that stopped before its first checkpoint; moved them to %s", self.run_dir, archive)
         config.trainer.default_root_dir = str(self.run_dir)
         self.start_step, self.restart_from = 0, None
         self.restore_buffer = not config.ckpt.skip_buffer

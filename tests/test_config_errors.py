@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import make_cli
+from grpokit.cli import main, make_cli
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yaml")
 
@@ -44,6 +44,24 @@ def test_a_run_folder_with_checkpoints_is_not_started_over(tmp_path):
     (tmp_path / "r" / "checkpoints" / "step_3.ckpt").write_bytes(b"")
     with pytest.raises(ValueError, match=r"already holds a run with checkpoints \(steps 3\): resume it with --ckpt.resume_step -1"):
         make_cli(["--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "r"], run=False)
+
+
+def test_a_fresh_fit_archives_an_attempt_that_stopped_before_its_first_checkpoint(tmp_path, tiny_model):
+    """An earlier attempt that left batches but no checkpoint is moved to archive/attempt_*/ (nothing to
+    resume; nothing lost), so the new run trains on its own batches, not the stale rollouts/step_N. The
+    stale step 0 here is garbage: had the trainer read it, the run would stop with a BatchFormatError."""
+    from grpokit.testing import tiny_fit_argv
+
+    run = tmp_path / "r"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "rollouts" / "step_0.safetensors").write_bytes(b"stale batch of an earlier attempt")
+    (run / "samples.jsonl").write_text('{"step": 0, "stale": true}\n')
+    (run / "resolved.yaml").write_text("a sweep's file stays\n")
+    assert main(tiny_fit_argv(tmp_path, tiny_model, "r", "--trainer.max_steps", "1", "--ckpt.interval", "0", "--data.eval", "null")) == 0
+    [archive] = (run / "archive").glob("attempt_*")
+    assert (archive / "rollouts" / "step_0.safetensors").read_bytes() == b"stale batch of an earlier attempt"
+    assert "stale" in (archive / "samples.jsonl").read_text() and "stale" not in (run / "samples.jsonl").read_text()
+    assert (run / "resolved.yaml").is_file() and (run / "metrics.csv").is_file()
 
 
 def test_errors_before_training_print_one_line_naming_the_key(tmp_path, capsys):
