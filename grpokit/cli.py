@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
+from grpokit.cli_errors import GrpoArgumentParser
 from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, archive_unfinished_attempt, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
@@ -310,7 +311,7 @@ def raised_in_grpokit(e: BaseException) -> bool:
 def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
     """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked."""
     cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role}) if role != "fit" else GrpoCLI
-    return cls(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True})
+    return cls(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True}, parser_class=GrpoArgumentParser.for_command(f"grpokit {role}"))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,26 @@ def test_unknown_keys_and_wrong_types_name_the_key(tmp_path, capsys, text, messa
     assert re.search(message, capsys.readouterr().err), "the error must name the key"
 
 
+@pytest.mark.parametrize("args,suggestion", [
+    (["--data.batch_sise", "8"], "did you mean --data.batch_size (instead of --data.batch_sise)?"),
+    (["--model.loss.init_args.token_mask_lo", "0.1"], "did you mean token_mask_low or token_mask_high (instead of token_mask_lo)?\nAIPO accepts: adv_tau,"),
+], ids=["recipe key", "component init arg"])
+def test_a_misspelled_key_gets_a_short_error_with_a_suggestion(tmp_path, capsys, args, suggestion):
+    """The error and a "did you mean" from the keys the parser or the component accepts, without the
+    ~100 lines of usage jsonargparse prints first."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", RECIPE, "--output_dir", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert suggestion in err and "grpokit fit --help` lists every option" in err, err
+    assert "usage:" not in err and len(err.splitlines()) < 20, err
+
+
+def test_a_misspelled_key_in_a_recipe_file_gets_a_suggestion(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", RECIPE, "--config", overlay(tmp_path, "data:\n  rollouts_per_exampel: 4\n"), "--output_dir", str(tmp_path)])
+    assert "did you mean data.rollouts_per_example (instead of data.rollouts_per_exampel)?" in capsys.readouterr().err
+
+
 def test_a_missing_model_path_names_model_model(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model.model '/no/such/model': no such folder. Set it to a local model folder"):
         main(tiny_fit_argv(tmp_path, "/no/such/model", "missing-model", "--trainer.max_steps", "1"))
