@@ -154,10 +154,16 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting vLLM: %s (output in %s)", " ".join(self.command), self.log_path)
         with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                start_new_session=True, preexec_fn=_term_with_parent(os.getpid()),
-            )
+            try:
+                self.process = subprocess.Popen(
+                    self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                    start_new_session=True, preexec_fn=_term_with_parent(os.getpid()),
+                )
+            except (FileNotFoundError, PermissionError) as e:
+                raise FileNotFoundError(
+                    f"cannot start vLLM: {self.command[0]!r} ({e.strerror}). Install vLLM in this environment (pip install vllm), "
+                    f"or set inference.init_args.serve.command to the program that starts it (e.g. [/path/to/venv/bin/vllm, serve])"
+                ) from e
 
     def wait_ready(self, timeout: float) -> float:
         """Block until /v1/models lists the served model; returns the seconds it took."""

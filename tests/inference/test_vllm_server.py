@@ -3,6 +3,7 @@ refusals, the recipe keys parsing into VLLMEngine's `serve`, and the process han
 stop of the whole process group) on a stand-in server. The real vLLM launch is in
 tests/integration/test_vllm_cpu.py (needs the vLLM venv)."""
 
+import os
 import signal
 import socket
 import sys
@@ -125,3 +126,9 @@ def test_a_server_that_dies_while_starting_reports_its_log(tmp_path):
     server.start()
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 2 while starting.*bad flag --foo"):
         server.wait_ready(timeout=30)
+
+
+def test_a_missing_vllm_program_names_serve_command(tmp_path):
+    server = VLLMServer(["no-such-vllm-program", "serve"], {"PATH": os.defpath}, "http://127.0.0.1:9/v1", "x", tmp_path / "log")
+    with pytest.raises(FileNotFoundError, match=r"cannot start vLLM: 'no-such-vllm-program' \(No such file or directory\)\. Install vLLM .* set inference.init_args.serve.command"):
+        server.start()
