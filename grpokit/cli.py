@@ -51,6 +51,7 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   rollouts     record a run's batches, or train variants on recorded batches
 """
 STARTED = [False]  # whether the recipe is parsed, built and wired (main: errors before that print as one line)
+NEW_RUN_DIR: list[Path | None] = [None]  # the run folder this process created, if it did
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # root_cause: which exceptions grpokit raised
 # bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU kernel
 # for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise
@@ -135,6 +136,8 @@ class GrpoCLI(LightningCLI):
                 config.ckpt_path, config.weights_only = str(path), True  # tensors and plain data: nothing is unpickled
             elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
                 self.restart_from = (path, step)
+        if not self.run_dir.exists():
+            NEW_RUN_DIR[0] = self.run_dir  # entry removes it again if the start fails before anything is written
         self.run_dir.mkdir(parents=True, exist_ok=True)  # after the checks above: a refused start leaves no folder
         config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if resuming else None)
         if config.num_threads:
@@ -279,13 +282,26 @@ def entry(argv: list[str] | None = None) -> int:
     (a bad value, a missing file or checkpoint: the message names the key and the fix) printed as one
     line instead of a traceback; GRPOKIT_TRACEBACK=1 shows the traceback. Failures during training
     keep theirs."""
+    NEW_RUN_DIR[0] = None
     try:
         return main(argv)
     except (ValueError, FileNotFoundError) as e:
         if STARTED[0] or os.environ.get("GRPOKIT_TRACEBACK"):
             raise
         print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        remove_if_no_files(NEW_RUN_DIR[0])
         return 2
+
+
+def remove_if_no_files(folder: Path | None) -> None:
+    """Remove a run folder that a failed start created and left without a single file (empty
+    subfolders only), so failed attempts do not pile up as empty run_<time> folders; one holding a file
+    (a vLLM log, a batch) is kept for diagnosis."""
+    if folder is None or not folder.is_dir() or any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+        return
+    for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        sub.rmdir()
+    folder.rmdir()
 
 
 def root_cause(e: BaseException) -> BaseException:

@@ -87,3 +87,4 @@ def test_the_command_prints_grpokits_own_message_not_the_librarys(tmp_path, caps
     err = capsys.readouterr().err
     assert message in err, err
     assert "Traceback" not in err and "No module named" not in err and "Repo id must be" not in err
+    assert not (tmp_path / "bad-input").exists(), "a failed start leaves no empty run folder"
