@@ -42,6 +42,12 @@ COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.components.KINDS)
     "broadcast": "broadcast",
 }
 
+EXAMPLE_PATHS = {  # registry kind -> an import path shaped like a user's own class, for error messages
+    "loss": "my_lab.losses.MyLoss", "noise": "my_lab.noise.MyNoise", "advantage": "my_lab.advantages.MyAdvantage",
+    "filter": "my_lab.filters.MyFilter", "transport": "my_lab.transports.MyTransport",
+    "inference": "my_lab.engines.MyEngine", "broadcast": "my_lab.broadcasts.MyBroadcast",
+}
+
 
 @dataclass
 class _History:
@@ -269,5 +275,5 @@ def check_component_names(argv: list[str]) -> None:
             f"{key}: no {kind} is named {name!r} ({source})"
             + (f"; {name} is of kind {' and '.join(elsewhere)}, not {kind}" if elsewhere else "")
             + (f"; did you mean {' or '.join(close)}?" if close else "")
-            + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give your class's import path (my_lab.losses.MyLoss)"
+            + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give your class's import path ({EXAMPLE_PATHS.get(kind, 'my_lab.module.MyClass')})"
         )

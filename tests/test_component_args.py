@@ -71,6 +71,7 @@ def test_print_config_shows_the_reset_recipe(capsys):
         (["--data.advantage=GroupNorn"], "did you mean GroupNorm?"),
         (["--data.advantage", "Overlong"], "Overlong is of kind filter, not advantage"),
         (["--data.filters+=Overlog"], "data.filters: no filter is named 'Overlog'"),
+        (["--data.filters+=Overlog"], "or give your class's import path (my_lab.filters.MyFilter)"),
         (["--model.loss", "{class_path: GSPOO}"], "no loss is named 'GSPOO'"),
     ],
 )

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.checkpoint import checkpoint_steps
+from grpokit.component_args import check_component_names
 from grpokit.io import atomic_write_text
 from grpokit.sweep.launchers import Launcher
 from grpokit.sweep.recording import replay_problem, replay_transport
@@ -51,6 +52,10 @@ class SweepRunner:
             resolved = self.run_dir(run) / "resolved.yaml"
             if not resolved.is_file():  # kept from the first attempt: a resumed sweep runs what it started
                 atomic_write_text(self.run_dir(run) / "overrides.yaml", yaml.safe_dump(self.overlay(run), sort_keys=False))
+                try:  # a misspelt component on an axis: name the key and the known names, as `grpokit fit` does
+                    check_component_names(["fit", *self.recipe_argv_of(run)])
+                except ValueError as e:
+                    raise SweepError(f"run {run.id}: {e}") from None
                 atomic_write_text(resolved, resolve_config(self.recipe_argv_of(run), run.id))
             if manifest is not None:
                 self.check_replayable(run, yaml.safe_load(resolved.read_text()), len(manifest["sha256"]))

@@ -29,6 +29,13 @@ def test_a_misspelt_recipe_key_fails_before_any_run_starts(tmp_path):
     assert not list(sweep.sweep_dir.glob("*/log.txt"))
 
 
+def test_a_misspelt_component_on_an_axis_names_the_key_and_the_known_names(tmp_path):
+    sweep = runner(tmp_path, {"axes": {"model.loss": ["AIPO", "GSPOO"]}})
+    with pytest.raises(SweepError, match=r"run 01-loss=GSPOO: model.loss: no loss is named 'GSPOO' .*did you mean GSPO\?"):
+        sweep.prepare()
+    assert not list(sweep.sweep_dir.glob("*/log.txt"))
+
+
 def test_each_run_gets_its_overlay_and_resolved_config_and_the_fit_command(tmp_path):
     sweep = runner(tmp_path, {"axes": {"model.lr": [1.0e-4, 3.0e-4]}})
     sweep.prepare()
