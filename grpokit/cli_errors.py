@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
 import re
 import sys
 from typing import NoReturn
@@ -23,8 +24,8 @@ UNKNOWN_INIT_ARG = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '(\w+)' is 
 
 
 class GrpoArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors are one line plus a suggestion (GRPOKIT_TRACEBACK or
-    jsonargparse's debug mode keep its own behaviour)."""
+    """LightningArgumentParser whose errors are one line plus a suggestion; jsonargparse's debug mode
+    (JSONARGPARSE_DEBUG=1: raise instead of exit) and parsers that do not exit on error keep its own."""
 
     command = "grpokit fit"  # what the error names (not sys.argv[0]: `python -m grpokit.cli`, pytest); make_cli sets the role's
 
@@ -33,9 +34,7 @@ class GrpoArgumentParser(LightningArgumentParser):
         return type(cls.__name__, (cls,), {"command": command})
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        from jsonargparse._common import debug_mode_active
-
-        if not self.exit_on_error or debug_mode_active():
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() not in ("", "0", "false"):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         sys.stderr.write(f"{self.command}: error: {message}{suggestion(message, parser)}\n(`{self.command} --help` lists every option)\n")
