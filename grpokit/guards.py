@@ -47,3 +47,23 @@ class NonFiniteGuard:
                 f"or raise model.max_nonfinite_steps."
             )
         return False
+
+
+class EmptyStepWatch:
+    """Warns when a step trains on no token at all: every rollout was filtered or masked (e.g. each reply
+    hit data.sampling.max_tokens with the Overlong filter enforced), so the weights cannot change and,
+    sampled from the same weights, the next batches are likely masked too: a run that never recovers.
+    Such steps are legal (the loss is an exact 0; the `loss_tokens` metric shows 0); the warning
+    repeats at 10 in a row and every 50 after."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+
+    def observe(self, step: int, num_loss_tokens: int, metrics: dict[str, float]) -> None:
+        self.in_a_row = self.in_a_row + 1 if num_loss_tokens == 0 else 0
+        if self.in_a_row in (1, 10) or (self.in_a_row and self.in_a_row % 50 == 0):
+            masks = ", ".join(f"{k} {v:.2f}" for k, v in sorted(metrics.items()) if k.startswith("filter/") or k == "truncated_frac")
+            log.warning(
+                "step %d trains on no token (%d such steps in a row): every rollout was filtered or masked (%s), so the "
+                "weights do not change. If every reply is cut at data.sampling.max_tokens, raise it, or lower what drove "
+                "replies there (an entropy bonus, the lr)", step, self.in_a_row, masks or "no filter metrics")

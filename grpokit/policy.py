@@ -20,7 +20,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from grpokit.distributed import gather_step, rank_and_world, rank_share
 from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
 from grpokit.logprobs import packed_token_logprobs
-from grpokit.guards import NonFiniteGuard
+from grpokit.guards import EmptyStepWatch, NonFiniteGuard
 from grpokit.loss import Loss, LossInputs, check_experts
 from grpokit.lora import LoraSettings, adapter_tensors, add_lora
 from grpokit.lr_schedule import lr_factor
@@ -113,7 +113,7 @@ class Policy(L.LightningModule):
         self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
         self.automatic_optimization = False
-        self.guard = NonFiniteGuard(max_nonfinite_steps)
+        self.guard, self.empty_steps = NonFiniteGuard(max_nonfinite_steps), EmptyStepWatch()
         self.strict_loading = False  # checkpoints hold only the trainable weights
         check_policy_settings(quantization, optimizer, lora is not None)
         self.quantization, self.optimizer_name, self.noise_scheduler = quantization, optimizer, noise_scheduler
@@ -259,6 +259,8 @@ class Policy(L.LightningModule):
             logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
         logs.update(weighted_mean(result.metrics, result.weights))
         logs.update(batch.metrics)
+        self.empty_steps.observe(batch.step, batch.num_loss_tokens, batch.metrics)
+        logs["loss_tokens"] = float(batch.num_loss_tokens)
         logs["train_time"] = time.perf_counter() - start
         logs["weight_sync_time"] = self.last_weight_sync_time
         now = time.perf_counter()

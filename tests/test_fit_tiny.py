@@ -46,3 +46,16 @@ def test_tiny_fit_is_deterministic(tmp_path, tiny_model):
     _, b = tiny_fit(tmp_path, tiny_model, "b", *extra)
     assert [r["loss"] for r in step_rows(a)] == [r["loss"] for r in step_rows(b)]
     assert [r["reward"] for r in step_rows(a)] == [r["reward"] for r in step_rows(b)]
+
+
+def test_a_step_with_every_rollout_masked_trains_nothing_and_says_so(tmp_path, tiny_model, caplog):
+    """max_tokens 1 with the Overlong filter enforced masks every rollout: the step's loss is an exact 0, the
+    weights do not move, `loss_tokens` is 0, and a warning names the filter that masked them."""
+    overlong = '[{"class_path": "Overlong", "init_args": {"enforce": true}}]'
+    with caplog.at_level("WARNING", logger="grpokit.guards"):
+        run, rows = tiny_fit(tmp_path, tiny_model, "masked", "--data.sampling.max_tokens", "1", "--data.filters", overlong)
+    steps = step_rows(rows)
+    assert [float(r["loss_tokens"]) for r in steps] == [0.0, 0.0, 0.0]
+    assert [float(r["grad_norm"]) for r in steps] == [0.0, 0.0, 0.0]
+    warnings = [r.getMessage() for r in caplog.records if "trains on no token" in r.getMessage()]
+    assert warnings and "filter/overlong 1.00" in warnings[0], caplog.text[-2000:]
