@@ -15,7 +15,10 @@ orchestrator connects to it).
 Departures from the Transport contract and the recipe's numbers:
 - `send` returns once the batch is queued, not once the trainer holds it. Up to `hwm` batches wait on
   each side (sender and receiver queues) plus what the OS socket buffers hold; then `send` blocks,
-  for at most `send_timeout` seconds. `close()` drops batches still queued (LINGER 0) rather than hang.
+  for at most `send_timeout` seconds. `close()` by the sending thread waits up to `close_timeout`
+  seconds for queued batches to leave (an orchestrator that exits right after its last `send` would
+  otherwise drop that batch: LINGER 0 lost the last step in a three-process run), then drops the rest
+  rather than hang; the receiver's socket closes at once.
 - A message over `max_message_bytes` is dropped by libzmq (MAXMSGSIZE) together with its connection
   before Python sees it, so it never costs memory but is not counted in `rejected`; the sender refuses
   such a batch with an error instead of sending it.
@@ -55,6 +58,7 @@ class ZMQTransport(Transport):
         hwm: int = 4,
         max_message_bytes: int = 1 << 30,
         send_timeout: float = 600.0,
+        close_timeout: float = 30.0,
     ) -> None:
         """
         Args:
@@ -64,11 +68,12 @@ class ZMQTransport(Transport):
             hwm: high-water mark: batches that may queue on each side before `send` blocks (backpressure).
             max_message_bytes: larger messages are refused by the sender and dropped by the receiver.
             send_timeout: seconds `send` waits for room in a full queue before raising TimeoutError.
+            close_timeout: seconds `close` waits for queued batches to reach the trainer before dropping them.
         """
         if hwm < 1:
             raise ValueError(f"data.transport hwm must be >= 1 (ZMQ reads 0 as no limit), got {hwm}")
         self.host, self.port, self.hwm = host, port, hwm
-        self.max_message_bytes, self.send_timeout = max_message_bytes, send_timeout
+        self.max_message_bytes, self.send_timeout, self.close_timeout = max_message_bytes, send_timeout, close_timeout
         self.rejected = 0  # malformed messages received and discarded
         self._pending: dict[int, TrainingBatch] = {}  # batches that arrived before the step they are for
         self._sockets: dict[str, tuple[object, threading.Thread]] = {}  # role -> (socket, thread using it)
@@ -196,5 +201,5 @@ class ZMQTransport(Transport):
         self._closed.set()
         for role, (sock, thread) in list(self._sockets.items()):
             if thread is threading.current_thread() or not thread.is_alive():
-                sock.close(linger=0)
+                sock.close(linger=int(self.close_timeout * 1000) if role == "send" else 0)  # deliver what was sent
                 del self._sockets[role]

@@ -83,7 +83,7 @@ def test_default_host_is_loopback():
 
 
 def test_full_queue_blocks_send_then_times_out():
-    t = ZMQTransport(port=free_port(), hwm=1, send_timeout=0.3)  # no receiver
+    t = ZMQTransport(port=free_port(), hwm=1, send_timeout=0.3, close_timeout=0.1)  # no receiver
     sent = 0
     with pytest.raises(TimeoutError, match=r"step \d.*full \(hwm=1\)"):
         for step in range(10):
@@ -93,6 +93,22 @@ def test_full_queue_blocks_send_then_times_out():
     assert sent <= 2, "the queue grew past the high-water mark"
     assert time.monotonic() - start >= 0.3
     t.close()
+
+
+def test_a_sender_that_closes_right_after_its_last_send_still_delivers_it():
+    """An orchestrator process sends its last batch and exits: close() waits (up to close_timeout) for the
+    queued batch to leave instead of dropping it, here for a trainer that binds only afterwards."""
+    port = free_port()
+    sender, received = ZMQTransport(port=port), []
+    receiver_thread = threading.Thread(target=lambda: (time.sleep(0.5), received.append(ZMQTransport(port=port)), received.append(received[0].receive(0, timeout=30))))
+    receiver_thread.start()
+    sender.send(make_batch(0))
+    start = time.monotonic()
+    sender.close()
+    receiver_thread.join(timeout=60)
+    received[0].close()
+    assert received[1].step == 0, "the batch queued before close() was dropped"
+    assert time.monotonic() - start < 30
 
 
 def test_close_from_another_thread_ends_a_blocked_send():
