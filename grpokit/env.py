@@ -129,25 +129,18 @@ def load_taskset(spec: EnvSpec):
     try:
         return _load_taskset(spec)
     except pydantic.ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"data.env id {spec.id!r}: bad args {spec.args}: {problems}{accepted_args(spec)}") from e
+        raise ValueError(bad_args_message(spec, e)) from e
 
 
-def accepted_args(spec: EnvSpec) -> str:
-    """' (accepted args: a, b, ...)' for a built-in environment, '' for others (their config is verifiers')."""
-    import verifiers.v1 as vf
-
-    module_name = spec.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
-    try:
-        module = importlib.import_module(f"grpokit.envs.{module_name}")
-    except ModuleNotFoundError:
-        return ""
-    configs = [getattr(module, n) for n in dir(module) if isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.TasksetConfig) and getattr(module, n) is not vf.TasksetConfig]
-    names = sorted({f for c in configs for f in c.model_fields if f not in vf.TasksetConfig.model_fields})
-    return f" (accepted args: {', '.join(names)})" if names else ""
+def bad_args_message(spec: EnvSpec, error, accepted: list[str] | None = None) -> str:
+    """The data.env error for args a taskset's config rejected: each problem, and the accepted args
+    where known (a built-in environment's config class)."""
+    problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
+    return f"data.env id {spec.id!r}: bad args {spec.args}: {problems}" + (f" (accepted args: {', '.join(accepted)})" if accepted else "")
 
 
 def _load_taskset(spec: EnvSpec):
+    import pydantic
     import verifiers.v1 as vf
 
     module_name = spec.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
@@ -165,7 +158,11 @@ def _load_taskset(spec: EnvSpec):
         raise ValueError(f"environment module {module.__name__} must export exactly one Taskset in __all__")
     cls = taskset_classes[0]
     config_cls = cls.__orig_bases__[0].__args__[1] if hasattr(cls, "__orig_bases__") else vf.TasksetConfig
-    return cls(config_cls(id=spec.id, **spec.args))
+    try:
+        config = config_cls(id=spec.id, **spec.args)
+    except pydantic.ValidationError as e:
+        raise ValueError(bad_args_message(spec, e, sorted(set(config_cls.model_fields) - set(vf.TasksetConfig.model_fields)))) from e
+    return cls(config)
 
 
 def builtin_env_ids() -> list[str]:

@@ -52,11 +52,12 @@ class SweepRunner:
             resolved = self.run_dir(run) / "resolved.yaml"
             if not resolved.is_file():  # kept from the first attempt: a resumed sweep runs what it started
                 atomic_write_text(self.run_dir(run) / "overrides.yaml", yaml.safe_dump(self.overlay(run), sort_keys=False))
+                recipe_argv = self.recipe_argv_of(run)
                 try:  # a misspelt component on an axis: name the key and the known names, as `grpokit fit` does
-                    check_component_names(["fit", *self.recipe_argv_of(run)])
+                    check_component_names(["fit", *recipe_argv])
                 except ValueError as e:
                     raise SweepError(f"run {run.id}: {e}") from None
-                atomic_write_text(resolved, resolve_config(self.recipe_argv_of(run), run.id))
+                atomic_write_text(resolved, resolve_config(recipe_argv, run.id))
             if manifest is not None:
                 self.check_replayable(run, yaml.safe_load(resolved.read_text()), len(manifest["sha256"]))
         return state
