@@ -5,7 +5,8 @@
 1. A small random Llama in float32: greedy tokens of the fast path (graphs on) equal the plain
    sampler's, logprobs within 1e-3.
 2. The Qwen3-0.6B shape in bfloat16: greedy tokens with graphs and torch.compile on vs both off
-   (fused kernels round differently, so a few near-tie argmaxes may flip: reported), and sampled logprobs vs a plain forward (token_mult_prob_error).
+   (fused kernels round differently, so a few near-tie argmaxes may flip: reported), and sampled
+   logprobs vs a plain forward (token_mult_prob_error).
 Prints one JSON object; exits 1 if a check fails.
 """
 
@@ -39,13 +40,19 @@ def main() -> int:
     report, ok = {}, True
 
     model = build_model("smollm2-135m-shape", torch.float32, "cuda")
-    prompts = [torch.randint(3, 4000, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (48,), generator=g)]
+    prompts = [
+        torch.randint(3, 4000, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (48,), generator=g)
+    ]
     greedy = SamplingSettings(temperature=0.0, max_tokens=48)
     want = sample(model, prompts, greedy, {2}, 0, torch.Generator(device="cuda").manual_seed(0))
     got, runner = fast(model, prompts, greedy, True, slots=16)  # 48 requests through 16 slots
     same = sum(w[0] == f[0] for w, f in zip(want, got))
     diff = max(max((abs(a - b) for a, b in zip(w[1], f[1])), default=0.0) for w, f in zip(want, got) if w[0] == f[0])
-    report["fp32_fast_vs_plain"] = {"same_tokens": f"{same}/{len(prompts)}", "max_abs_logprob_diff": diff, "graphs": len(runner.graphs)}
+    report["fp32_fast_vs_plain"] = {
+        "same_tokens": f"{same}/{len(prompts)}",
+        "max_abs_logprob_diff": diff,
+        "graphs": len(runner.graphs),
+    }
     ok &= same == len(prompts) and diff < 1e-3
     del model, runner
 
@@ -62,8 +69,10 @@ def main() -> int:
         r.prefill(prompts, list(range(64)))
         steps[graphs] = r.decode([7] * 64, [64] * 64).float().clone()
     rel = ((steps[True] - steps[False]).abs().max() / steps[False].abs().max()).item()
-    report["bf16_graphs_compiled_vs_eager"] = {"greedy_same_tokens": f"{same}/{len(prompts)} (random weights: near-tie argmaxes flip)",
-                                               "one_step_max_rel_logit_diff": rel}
+    report["bf16_graphs_compiled_vs_eager"] = {
+        "greedy_same_tokens": f"{same}/{len(prompts)} (random weights: near-tie argmaxes flip)",
+        "one_step_max_rel_logit_diff": rel,
+    }
     ok &= rel < 2e-2
     sampled, _ = fast(model, prompts, SamplingSettings(temperature=1.0, max_tokens=64, seed=1), True, slots=64)
     report["bf16_sampled_vs_forward"] = logprob_agreement(model, prompts, sampled)

@@ -26,7 +26,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = REPO / ".gpu" / "smollm2"  # git-ignored
-KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+KEEP = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 
 
 def prepare() -> None:
@@ -69,12 +76,31 @@ def main() -> int:
         model = Path(tmp) / "model"
         random_model(model)
         argv = [
-            sys.executable, "-m", "grpokit.cli", "fit", "--config", str(REPO / "recipes" / "reverse_text.yaml"),
+            sys.executable,
+            "-m",
+            "grpokit.cli",
+            "fit",
+            "--config",
+            str(REPO / "recipes" / "reverse_text.yaml"),
             *(["--config", str(REPO / "recipes" / "gpu.yaml")] if gpu else []),
-            "--model.model", str(model), "--output_dir", tmp, "--run_name", "gpu", "--trainer.max_steps", str(args.steps),
-            "--trainer.accelerator", args.accelerator, "--trainer.enable_progress_bar", "false", "--data.eval", "null",
-            "--ckpt.interval", str(max(args.steps // 2, 1)),
-            "--data.filters", "[]",  # random weights rarely say EOS: the Overlong filter would mask every completion
+            "--model.model",
+            str(model),
+            "--output_dir",
+            tmp,
+            "--run_name",
+            "gpu",
+            "--trainer.max_steps",
+            str(args.steps),
+            "--trainer.accelerator",
+            args.accelerator,
+            "--trainer.enable_progress_bar",
+            "false",
+            "--data.eval",
+            "null",
+            "--ckpt.interval",
+            str(max(args.steps // 2, 1)),
+            "--data.filters",
+            "[]",  # random weights rarely say EOS: the Overlong filter would mask every completion
             *args.extra,
         ]
         start = time.perf_counter()
@@ -86,14 +112,29 @@ def main() -> int:
         steps = [r for r in rows if r.get("loss")]
         column = lambda name: [float(r[name]) for r in steps if r.get(name)]  # noqa: E731
         summary = {
-            "exit_code": code, "wall_s": round(wall, 1), "steps_logged": len(steps),
-            "published": sorted(int(d.name.split("_")[1]) for d in (run / "broadcasts").glob("step_*")) if (run / "broadcasts").exists() else [],
-            "checkpoints": sorted(c.name for c in (run / "checkpoints").glob("*.ckpt")) if (run / "checkpoints").exists() else [],
-            "token_mult_prob_error": column("token_mult_prob_error"), "step_time": column("step_time"),
-            "train_time": column("train_time"), "gen_time": column("gen_time"), "loss": column("loss"),
+            "exit_code": code,
+            "wall_s": round(wall, 1),
+            "steps_logged": len(steps),
+            "published": sorted(int(d.name.split("_")[1]) for d in (run / "broadcasts").glob("step_*"))
+            if (run / "broadcasts").exists()
+            else [],
+            "checkpoints": sorted(c.name for c in (run / "checkpoints").glob("*.ckpt"))
+            if (run / "checkpoints").exists()
+            else [],
+            "token_mult_prob_error": column("token_mult_prob_error"),
+            "step_time": column("step_time"),
+            "train_time": column("train_time"),
+            "gen_time": column("gen_time"),
+            "loss": column("loss"),
         }
     errors = summary["token_mult_prob_error"]
-    ok = code == 0 and len(steps) == args.steps and summary["published"][-1:] == [args.steps] and bool(errors) and errors[0] < 1.05
+    ok = (
+        code == 0
+        and len(steps) == args.steps
+        and summary["published"][-1:] == [args.steps]
+        and bool(errors)
+        and errors[0] < 1.05
+    )
     # step 0 is the only step sampled with exactly the trainer's weights (max_async_level 1: later
     # batches come from one step older weights), so it alone measures engine-vs-trainer numerics
     summary["ok"] = ok

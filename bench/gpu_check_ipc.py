@@ -43,8 +43,11 @@ def engine(run_dir: str, steps: int, out: str) -> None:
             time.sleep(0.002)
             continue
         mapped = time.time()
-        result[update.step] = {"mapped_at": mapped, "hashes": {k: digest(v) for k, v in update.wire_tensors().items()},
-                               "device": str(next(iter(update.tensors.values())).device)}
+        result[update.step] = {
+            "mapped_at": mapped,
+            "hashes": {k: digest(v) for k, v in update.wire_tensors().items()},
+            "device": str(next(iter(update.tensors.values())).device),
+        }
         seen = update.step
         del update
         torch.cuda.ipc_collect()
@@ -85,10 +88,14 @@ def main() -> int:
     got = json.loads(out.read_text()) if out.exists() else {}
     ok = len(got) == args.steps and all(got[str(s)]["hashes"] == sent[s] for s in range(args.steps))
     report = {
-        "steps": args.steps, "size_mb": args.size_mb, "bit_identical_all_steps": ok,
+        "steps": args.steps,
+        "size_mb": args.size_mb,
+        "bit_identical_all_steps": ok,
         "engine_device": next(iter(got.values()))["device"] if got else None,
         "publish_ms_mean": 1e3 * sum(publish_s) / len(publish_s),
-        "publish_to_mapped_ms": [1e3 * (got[str(s)]["mapped_at"] - published_at[s]) for s in range(args.steps) if str(s) in got],
+        "publish_to_mapped_ms": [
+            1e3 * (got[str(s)]["mapped_at"] - published_at[s]) for s in range(args.steps) if str(s) in got
+        ],
     }
     b.close()
     text = json.dumps(report, indent=2)

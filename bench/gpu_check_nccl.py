@@ -46,7 +46,9 @@ def make_update(step: int, args: argparse.Namespace, device: torch.device) -> We
     dtype = getattr(torch, args.dtype)
     numel = (args.size_mb << 20) // dtype.itemsize // args.num_tensors
     g = torch.Generator(device=device).manual_seed(step)
-    tensors = {f"layers.{i}.weight": torch.randn(numel, generator=g, device=device).to(dtype) for i in range(args.num_tensors)}
+    tensors = {
+        f"layers.{i}.weight": torch.randn(numel, generator=g, device=device).to(dtype) for i in range(args.num_tensors)
+    }
     return WeightUpdate(step=step, tensors=tensors, lora_config=None)
 
 
@@ -99,7 +101,10 @@ def run(rank: int, args: argparse.Namespace, queue, acks) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.backend == "nccl" and torch.cuda.device_count() < 2:
-        raise SystemExit(f"--backend nccl needs 2 CUDA devices (NCCL rejects two ranks on one GPU); found {torch.cuda.device_count()}")
+        raise SystemExit(
+            "--backend nccl needs 2 CUDA devices (NCCL rejects two "
+            f"ranks on one GPU); found {torch.cuda.device_count()}"
+        )
     ctx = mp.get_context("spawn")
     queue, acks = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=run, args=(rank, args, queue, acks)) for rank in range(2)]
@@ -111,15 +116,26 @@ def main(argv: list[str] | None = None) -> None:
         {"sha": sent, "got": got, "time": times}[kind][step] = value
     for p in procs:
         p.join()
-    print(f"backend={args.backend} size={args.size_mb} MiB in {args.num_tensors} x {args.dtype}, bucket={args.bucket_mb} MiB")
+    print(
+        f"backend={args.backend} size={args.size_mb} MiB in "
+        f"{args.num_tensors} x {args.dtype}, bucket={args.bucket_mb} MiB"
+    )
     for step in range(args.steps):
         nbytes, t_pub, t_ack, _ = times[step]
         same = "skipped" if args.no_verify else ("yes" if sent[step] == got[step] else "NO")
-        print(f"step {step}: publish {t_pub * 1e3:8.1f} ms {nbytes / t_pub / 1e9:6.2f} GB/s | to ack {t_ack * 1e3:8.1f} ms {nbytes / t_ack / 1e9:6.2f} GB/s | bit-identical: {same}" + (" (warm-up)" if step == 0 else ""))
+        print(
+            f"step {step}: publish {t_pub * 1e3:8.1f} ms {nbytes / t_pub / 1e9:6.2f} GB/s | to "
+            f"ack {t_ack * 1e3:8.1f} ms {nbytes / t_ack / 1e9:6.2f} GB/s | bit-identical: {same}"
+            + (" (warm-up)" if step == 0 else "")
+        )
     steady = [times[s] for s in range(1, args.steps)]
     if steady:
         nbytes = steady[0][0]
-        print(f"mean over steps 1..{args.steps - 1}: publish {nbytes / (sum(t[1] for t in steady) / len(steady)) / 1e9:.2f} GB/s, to ack {nbytes / (sum(t[2] for t in steady) / len(steady)) / 1e9:.2f} GB/s")
+        print(
+            f"mean over steps 1..{args.steps - 1}: publish "
+            f"{nbytes / (sum(t[1] for t in steady) / len(steady)) / 1e9:.2f} GB/s, to "
+            f"ack {nbytes / (sum(t[2] for t in steady) / len(steady)) / 1e9:.2f} GB/s"
+        )
     if not args.no_verify and any(sent[s] != got[s] for s in range(args.steps)):
         raise SystemExit("checksum mismatch")
 

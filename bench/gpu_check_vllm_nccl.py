@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-command", default="vllm serve", help="the program that starts vLLM's OpenAI server")
     p.add_argument("--server-device", default="1", help="CUDA_VISIBLE_DEVICES of the vLLM server")
     p.add_argument("--trainer-device", type=int, default=0)
-    p.add_argument("--extra-args", default="--max-model-len 1024 --gpu-memory-utilization 0.5", help="more server arguments")
+    p.add_argument(
+        "--extra-args", default="--max-model-len 1024 --gpu-memory-utilization 0.5", help="more server arguments"
+    )
     p.add_argument("--log", default="gpu_check_vllm_nccl.log", help="the server's output")
     return p.parse_args(argv)
 
@@ -57,8 +59,16 @@ def start_server(args: argparse.Namespace, port: int, dtype: str):
 
     env = {"CUDA_VISIBLE_DEVICES": args.server_device} if args.backend == "nccl" else {"VLLM_CPU_KVCACHE_SPACE": "1"}
     serve = VLLMServe(command=shlex.split(args.vllm_command), extra_args=shlex.split(args.extra_args), env=env)
-    command = serve_command(serve, args.model, "base", "127.0.0.1", port, dtype, lora_rank=16, worker_extension=WORKER_EXTENSION)
-    server = VLLMServer(command, serve_env(serve, lora=True, worker_extension=WORKER_EXTENSION), f"http://127.0.0.1:{port}/v1", "base", Path(args.log))
+    command = serve_command(
+        serve, args.model, "base", "127.0.0.1", port, dtype, lora_rank=16, worker_extension=WORKER_EXTENSION
+    )
+    server = VLLMServer(
+        command,
+        serve_env(serve, lora=True, worker_extension=WORKER_EXTENSION),
+        f"http://127.0.0.1:{port}/v1",
+        "base",
+        Path(args.log),
+    )
     server.start()
     print(f"vLLM ready in {server.wait_ready(1200):.0f}s", file=sys.stderr)
     return server
@@ -72,21 +82,34 @@ def noisy_weights(model: str, dtype: torch.dtype, device: torch.device) -> dict[
     if lm.config.get_text_config().tie_word_embeddings:
         state.pop("lm_head.weight", None)  # one tensor under two names: perturb (and send) it once
     g = torch.Generator(device=device).manual_seed(1)
-    return {k: (v + 0.01 * torch.randn(v.shape, generator=g, device=device, dtype=torch.float32).to(dtype)).contiguous() for k, v in state.items()}
+    return {
+        k: (v + 0.01 * torch.randn(v.shape, generator=g, device=device, dtype=torch.float32).to(dtype)).contiguous()
+        for k, v in state.items()
+    }
 
 
 def random_adapter(model: str, device: torch.device) -> tuple[dict[str, torch.Tensor], dict]:
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM", init_lora_weights=False)
+    config = LoraConfig(
+        r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM", init_lora_weights=False
+    )
     peft = get_peft_model(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), config)
     tensors = {k: v.to(device).contiguous() for k, v in get_peft_model_state_dict(peft).items()}
     as_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
     return tensors, as_dict
 
 
-def hf_logprobs(model: str, weights: dict, dtype: torch.dtype, device: torch.device, prompt: list[int], tokens: list[int], adapter_dir: str | None = None) -> list[float]:
+def hf_logprobs(
+    model: str,
+    weights: dict,
+    dtype: torch.dtype,
+    device: torch.device,
+    prompt: list[int],
+    tokens: list[int],
+    adapter_dir: str | None = None,
+) -> list[float]:
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device)
@@ -133,24 +156,36 @@ def main(argv: list[str] | None = None) -> int:
     trainer, reader = VLLMNCCLBroadcast(**settings), VLLMNCCLBroadcast(**settings)
     engine = VLLMEngine(url, model_name="base")
     engine.setup(args.model)
-    prompt, greedy, report = [1, 2, 3, 4, 5, 6, 7, 8], SamplingSettings(temperature=0.0, max_tokens=8), {"backend": args.backend, "dtype": args.dtype}
+    prompt, greedy, report = (
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        SamplingSettings(temperature=0.0, max_tokens=8),
+        {"backend": args.backend, "dtype": args.dtype},
+    )
     try:
         weights = noisy_weights(args.model, dtype, device)
         seconds, _ = publish_and_apply(trainer, reader, engine, WeightUpdate(step=1, tensors=weights), 0)
         [[full]] = engine.generate([prompt], 1, greedy)
         expected = hf_logprobs(args.model, weights, dtype, device, prompt, full.token_ids)
         report["full"] = {
-            "mb": sum(t.numel() * t.element_size() for t in weights.values()) / 2**20, "seconds": seconds,
-            "sha256_equal": reader.last_applied["sha256"] == tensors_sha256(weights), "policy_step": full.policy_step,
+            "mb": sum(t.numel() * t.element_size() for t in weights.values()) / 2**20,
+            "seconds": seconds,
+            "sha256_equal": reader.last_applied["sha256"] == tensors_sha256(weights),
+            "policy_step": full.policy_step,
             "max_logprob_diff": max(abs(a - b) for a, b in zip(full.logprobs, expected)),
         }
         tensors, config = random_adapter(args.model, device)
-        seconds, got = publish_and_apply(trainer, reader, engine, WeightUpdate(step=2, tensors=tensors, lora_config=config), 1)
+        seconds, got = publish_and_apply(
+            trainer, reader, engine, WeightUpdate(step=2, tensors=tensors, lora_config=config), 1
+        )
         [[lora]] = engine.generate([prompt], 1, greedy)
-        expected = hf_logprobs(args.model, weights, dtype, device, prompt, lora.token_ids, got.path)  # the worker's folder: same machine
+        expected = hf_logprobs(
+            args.model, weights, dtype, device, prompt, lora.token_ids, got.path
+        )  # the worker's folder: same machine
         report["lora"] = {
-            "mb": sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20, "seconds": seconds,
-            "sha256_equal": reader.last_applied["sha256"] == tensors_sha256(tensors), "policy_step": lora.policy_step,
+            "mb": sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20,
+            "seconds": seconds,
+            "sha256_equal": reader.last_applied["sha256"] == tensors_sha256(tensors),
+            "policy_step": lora.policy_step,
             "max_logprob_diff": max(abs(a - b) for a, b in zip(lora.logprobs, expected)),
         }
     finally:

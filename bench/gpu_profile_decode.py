@@ -1,6 +1,6 @@
 """Where a decode step's time goes on GPU: graph replay per length bucket, sampling, bookkeeping.
 
-    PYTHONPATH=. python bench/gpu_profile_decode.py [--model qwen3-0.6b --batch 256]
+PYTHONPATH=. python bench/gpu_profile_decode.py [--model qwen3-0.6b --batch 256]
 """
 
 from __future__ import annotations
@@ -40,15 +40,19 @@ def main() -> None:
     runner.positions_B.fill_(64)
     report = {}
     for s in (128, 256, 384):
-        report[f"replay_s{s}_ms"] = cuda_ms(lambda: runner.step(args.batch, s))
+        report[f"replay_s{s}_ms"] = cuda_ms(lambda s=s: runner.step(args.batch, s))
         runner.use_cuda_graphs = False
-        report[f"eager_s{s}_ms"] = cuda_ms(lambda: runner.step(args.batch, s), n=10)
+        report[f"eager_s{s}_ms"] = cuda_ms(lambda s=s: runner.step(args.batch, s), n=10)
         runner.use_cuda_graphs = True
     logits = runner.logits_BV[: args.batch]
     gen = torch.Generator(device="cuda").manual_seed(0)
     report["sample_gumbel_ms"] = cuda_ms(lambda: sample_tokens(logits, 1.0, 1.0, gen))
-    report["sample_multinomial_ms"] = cuda_ms(lambda: torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
-    report["lm_head_only_ms"] = cuda_ms(lambda: model.lm_head(torch.zeros(args.batch, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)))
+    report["sample_multinomial_ms"] = cuda_ms(
+        lambda: torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
+    )
+    report["lm_head_only_ms"] = cuda_ms(
+        lambda: model.lm_head(torch.zeros(args.batch, model.config.hidden_size, device="cuda", dtype=torch.bfloat16))
+    )
     print(json.dumps(report, indent=2))
 
 

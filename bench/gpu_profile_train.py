@@ -1,6 +1,6 @@
 """Top CUDA kernels of one grpokit LoRA optimizer step (bench train's grpokit path), via torch.profiler.
 
-    PYTHONPATH=. python bench/gpu_profile_train.py [--model qwen3-0.6b --tokens 8192]
+PYTHONPATH=. python bench/gpu_profile_train.py [--model qwen3-0.6b --tokens 8192]
 """
 
 from __future__ import annotations
@@ -25,8 +25,18 @@ def main() -> None:
     p.add_argument("--compile", type=int, default=0)
     args = p.parse_args()
     with model_folder(args.model, torch.bfloat16, "cuda") as folder:
-        policy = bench_policy(folder, torch.bfloat16, "cuda", 16, args.chunk_size, checkpointing=bool(args.checkpointing), compile=bool(args.compile))
-    batch = TrainingBatch(step=0, micro_batches=[micro_batch(args.tokens, args.seq_len, policy.lm.config.vocab_size, "cuda")])
+        policy = bench_policy(
+            folder,
+            torch.bfloat16,
+            "cuda",
+            16,
+            args.chunk_size,
+            checkpointing=bool(args.checkpointing),
+            compile=bool(args.compile),
+        )
+    batch = TrainingBatch(
+        step=0, micro_batches=[micro_batch(args.tokens, args.seq_len, policy.lm.config.vocab_size, "cuda")]
+    )
     opt = policy.make_optimizer()
     sample_with_policy(policy, batch)
     policy.train_batch(batch, opt)  # warm-up

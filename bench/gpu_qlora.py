@@ -82,11 +82,28 @@ def qwen3_config(tiny: bool):
     from transformers import Qwen3Config
 
     if tiny:
-        return Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                           num_key_value_heads=1, head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True)
+        return Qwen3Config(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+        )
     return Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     )
 
@@ -112,7 +129,9 @@ def build(variant: Variant, path: Path, device: torch.device, args: argparse.Nam
         if args.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if variant.lora:
-        config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        config = LoraConfig(
+            r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+        )
         lm = get_peft_model(lm, config)
         if args.gradient_checkpointing:
             lm.enable_input_require_grads()
@@ -144,10 +163,16 @@ def run_variant(variant: Variant, path: Path, vocab: int, device: torch.device, 
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
     result = {
-        "variant": variant.name, "quantization": variant.quantization, "lora": variant.lora, "optimizer": variant.optimizer,
-        "trainable_params": sum(p.numel() for p in params), "model_bytes": model_bytes,
+        "variant": variant.name,
+        "quantization": variant.quantization,
+        "lora": variant.lora,
+        "optimizer": variant.optimizer,
+        "trainable_params": sum(p.numel() for p in params),
+        "model_bytes": model_bytes,
         "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
-        "step_time_s": sum(times[1:]) / max(len(times) - 1, 1), "warmup_step_time_s": times[0], "losses": losses,
+        "step_time_s": sum(times[1:]) / max(len(times) - 1, 1),
+        "warmup_step_time_s": times[0],
+        "losses": losses,
     }
     del lm, opt, params
     gc.collect()
@@ -159,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     config = qwen3_config(args.tiny)
     report = {
-        "shape": "qwen3-tiny" if args.tiny else "qwen3-0.6b", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "batch_size": args.batch_size, "seq_len": args.seq_len, "lora_rank": args.lora_rank,
-        "gradient_checkpointing": args.gradient_checkpointing, "results": [],
+        "shape": "qwen3-tiny" if args.tiny else "qwen3-0.6b",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "lora_rank": args.lora_rank,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "results": [],
     }
     try:
         import bitsandbytes

@@ -36,8 +36,10 @@ def measure(engine: BuiltinEngine, prompts: list[list[int]], n: int, sampling: S
         for c in group:
             ids = torch.tensor(prompt + c.token_ids)
             with torch.no_grad():
-                lp_T = packed_token_logprobs(engine.model, ids, torch.arange(len(ids)), torch.tensor([len(ids)]), sampling.temperature)
-            trainer.append(lp_T[len(prompt):].double())
+                lp_T = packed_token_logprobs(
+                    engine.model, ids, torch.arange(len(ids)), torch.tensor([len(ids)]), sampling.temperature
+                )
+            trainer.append(lp_T[len(prompt) :].double())
             infer.append(torch.tensor(c.logprobs, dtype=torch.float64))
     trainer_T, infer_T = torch.cat(trainer), torch.cat(infer)
     metrics = {k: float(v) for k, v in mismatch_metrics(trainer_T, infer_T, torch.ones_like(trainer_T)).items()}
@@ -58,14 +60,24 @@ def main() -> None:
     engine = BuiltinEngine(device="cpu")
     engine.setup(args.model)
     env = Environment(EnvSpec(id="reverse-text"))
-    prompts = [engine.tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False) for ex in env.examples[: args.prompts]]
-    print("| setting | tokens | gen_kl_error | token_mult_prob_error | sampling_importance_ratio | masked by AIPO [0.125, 8] |")
+    prompts = [
+        engine.tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for ex in env.examples[: args.prompts]
+    ]
+    print(
+        "| setting | tokens | gen_kl_error | token_mult_prob_error "
+        "| sampling_importance_ratio | masked by AIPO [0.125, 8] |"
+    )
     print("|---|---|---|---|---|---|")
     for extra in SETTINGS:
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=0, **extra)
         m = measure(engine, prompts, args.n, sampling)
         name = ", ".join(f"{k}={v}" for k, v in extra.items())
-        print(f"| {name} | {m['tokens']:.0f} | {m['gen_kl_error']:.4f} | {m['token_mult_prob_error']:.3f} | {m['sampling_importance_ratio']:.3f} | {m['masked_by_aipo']:.4f} |", flush=True)
+        print(
+            f"| {name} | {m['tokens']:.0f} | {m['gen_kl_error']:.4f} | {m['token_mult_prob_error']:.3f} "
+            f"| {m['sampling_importance_ratio']:.3f} | {m['masked_by_aipo']:.4f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

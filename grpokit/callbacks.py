@@ -53,7 +53,9 @@ class WeightSync(L.Callback):
         finally:
             self.broadcast.close()  # frees sockets, process groups or shared-memory segments
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         start = time.perf_counter()
         self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
@@ -83,7 +85,9 @@ class RankChecksums(L.Callback):
     per step.
     """
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         tensors = pl_module.weight_update(step).tensors
         if getattr(pl_module, "sharded", False) and not trainer.is_global_zero:

@@ -58,7 +58,9 @@ class CheckpointSettings:
             raise ValueError(f"ckpt: interval >= 0, keep_last >= 1 and keep_interval >= 0 are required, got {self}")
         for name in ("skip_progress", "skip_buffer"):
             if getattr(self, name) and self.resume_step is None:
-                raise ValueError(f"ckpt.{name} applies when resuming: set ckpt.resume_step (-1 for the newest checkpoint) too")
+                raise ValueError(
+                    f"ckpt.{name} applies when resuming: set ckpt.resume_step (-1 for the newest checkpoint) too"
+                )
 
 
 def checkpoint_steps(folder: Path) -> list[int]:
@@ -73,12 +75,19 @@ def resume_path(folder: Path, resume_step: int) -> tuple[Path, int]:
     if not steps:
         runs = sorted(p.parent.name for p in Path(folder).parent.parent.glob("*/checkpoints") if checkpoint_steps(p))
         raise FileNotFoundError(
-            f"ckpt.resume_step={resume_step}: no checkpoints in {folder}; set --run_name (and --output_dir) to a run that has some"
-            + (f": {', '.join(runs[-5:])} in {Path(folder).parent.parent}" if runs else f" (no run in {Path(folder).parent.parent} has any)")
+            f"ckpt.resume_step={resume_step}: no checkpoints in {folder}; "
+            "set --run_name (and --output_dir) to a run that has some"
+            + (
+                f": {', '.join(runs[-5:])} in {Path(folder).parent.parent}"
+                if runs
+                else f" (no run in {Path(folder).parent.parent} has any)"
+            )
         )
     step = steps[-1] if resume_step == -1 else resume_step
     if step not in steps:
-        raise FileNotFoundError(f"ckpt.resume_step={resume_step}: no checkpoint of step {step} in {folder} (have {steps})")
+        raise FileNotFoundError(
+            f"ckpt.resume_step={resume_step}: no checkpoint of step {step} in {folder} (have {steps})"
+        )
     return folder / f"step_{step}.ckpt", step
 
 
@@ -105,7 +114,9 @@ def newest_archive(run_dir: Path) -> Path:
     """The newest `archive/progress_<time>/` of a run (archive_progress's names sort by time)."""
     archives = sorted((Path(run_dir) / "archive").glob("progress_*"))
     if not archives:
-        raise FileNotFoundError(f"ckpt.skip_progress: no checkpoints in {run_dir}/checkpoints and no archive/progress_* in {run_dir}")
+        raise FileNotFoundError(
+            f"ckpt.skip_progress: no checkpoints in {run_dir}/checkpoints and no archive/progress_* in {run_dir}"
+        )
     return archives[-1]
 
 
@@ -116,14 +127,25 @@ def check_no_earlier_run(run_dir: Path) -> None:
     steps = checkpoint_steps(Path(run_dir) / "checkpoints")
     if steps:
         raise ValueError(
-            f"{run_dir} already holds a run with checkpoints (steps {', '.join(map(str, steps[-3:]))}): resume it with "
-            "--ckpt.resume_step -1, start a new count from its weights with --ckpt.resume_step -1 --ckpt.skip_progress true, "
-            "or choose another --run_name"
+            f"{run_dir} already holds a run with checkpoints (steps {', '.join(map(str, steps[-3:]))}): "
+            "resume it with --ckpt.resume_step -1, start a new count from its weights with "
+            "--ckpt.resume_step -1 --ckpt.skip_progress true, or choose another --run_name"
         )
 
 
 # what a run writes into its folder while it trains (a sweep's overrides.yaml, resolved.yaml and log.txt are not)
-RUN_OUTPUTS = ("rollouts", "broadcasts", "broadcasts_ipc", "bad_batches", "metrics.csv", "samples.jsonl", "eval.jsonl", "timeline.jsonl", "buffer.jsonl", "replayed.jsonl")
+RUN_OUTPUTS = (
+    "rollouts",
+    "broadcasts",
+    "broadcasts_ipc",
+    "bad_batches",
+    "metrics.csv",
+    "samples.jsonl",
+    "eval.jsonl",
+    "timeline.jsonl",
+    "buffer.jsonl",
+    "replayed.jsonl",
+)
 
 
 def archive_unfinished_attempt(run_dir: Path) -> Path | None:
@@ -173,7 +195,10 @@ class LoadWeights(L.Callback):
         expected = dict(pl_module.named_parameters()).keys() | dict(pl_module.named_buffers()).keys()
         unexpected = sorted(state.keys() - expected)
         if unexpected or not state:
-            raise ValueError(f"ckpt.skip_progress: {self.path} holds weights the model lacks ({unexpected[:3]}): was it written with another model or LoRA setup?")
+            raise ValueError(
+                f"ckpt.skip_progress: {self.path} holds weights the model lacks "
+                f"({unexpected[:3]}): was it written with another model or LoRA setup?"
+            )
         if getattr(pl_module, "sharded", False):  # FSDP2: every rank loads its shards of the full tensors
             from grpokit.fsdp import load_full_state_dict
 
@@ -198,7 +223,9 @@ class Checkpointer(L.Callback):
             for tmp in self.folder.glob(".step_*.ckpt.*.tmp"):
                 tmp.unlink(missing_ok=True)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step % self.settings.interval == 0 or step >= trainer.max_steps:
             self.save(trainer, step)

@@ -21,8 +21,19 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.callbacks import ShareBaseWeights, WeightSync
+from grpokit.checkpoint import (
+    Checkpointer,
+    CheckpointSettings,
+    LoadWeights,
+    archive_progress,
+    archive_unfinished_attempt,
+    check_no_earlier_run,
+    checkpoint_steps,
+    newest_archive,
+    resume_path,
+    started_as_other_rank,
+)
 from grpokit.cli_errors import GrpoArgumentParser
-from grpokit.checkpoint import Checkpointer, CheckpointSettings, LoadWeights, archive_progress, archive_unfinished_attempt, check_no_earlier_run, checkpoint_steps, newest_archive, resume_path, started_as_other_rank
 from grpokit.component_args import check_component_names, reset_carried_init_args
 from grpokit.components import clashes, components, discover
 from grpokit.distributed import check_strategy_name, check_trainer_processes
@@ -55,7 +66,9 @@ NEW_RUN_DIR: list[Path | None] = [None]  # the run folder this process created, 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # root_cause: which exceptions grpokit raised
 # bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU kernel
 # for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: "kernels-community" not in record.getMessage())
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: "kernels-community" not in record.getMessage()
+)
 SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep", "report", "rollouts")
 
 
@@ -84,34 +97,60 @@ class GrpoCLI(LightningCLI):
         reset_carried_init_args(args, config, subparser.get_defaults())
         if printing:
             flags = {f for f in printing[-1].partition("=")[2].split(",") if f}
-            sys.stdout.write(subparser.dump(config, skip_unset=bool(flags & {"skip_unset", "skip_null"}), skip_default="skip_default" in flags, with_comments="comments" in flags))
+            sys.stdout.write(
+                subparser.dump(
+                    config,
+                    skip_unset=bool(flags & {"skip_unset", "skip_null"}),
+                    skip_default="skip_default" in flags,
+                    with_comments="comments" in flags,
+                )
+            )
             raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from grpokit.broadcast.filesystem import FilesystemBroadcast
         from grpokit.inference.builtin import BuiltinEngine
 
-        parser.add_argument("--output_dir", type=str, default="outputs", help="Folder that holds one subfolder per run.")
-        parser.add_argument("--run_name", type=str | None, default=None, help="Run folder name (default run_<timestamp>); set it to share a run between processes.")
-        parser.add_argument("--num_threads", type=int | None, default=None, help="torch CPU threads (default: torch's choice).")
+        parser.add_argument(
+            "--output_dir", type=str, default="outputs", help="Folder that holds one subfolder per run."
+        )
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="Run folder name (default run_<timestamp>); set it to share a run between processes.",
+        )
+        parser.add_argument(
+            "--num_threads", type=int | None, default=None, help="torch CPU threads (default: torch's choice)."
+        )
         parser.add_class_arguments(CheckpointSettings, "ckpt")
         parser.add_class_arguments(ServerSettings, "server")
-        parser.add_subclass_arguments(InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False)
-        parser.add_subclass_arguments(WeightBroadcast, "broadcast", default=lazy_instance(FilesystemBroadcast), required=False)
-        parser.set_defaults({
-            "trainer.max_steps": 20,
-            "trainer.log_every_n_steps": 1,
-            "trainer.enable_checkpointing": False,
-            "trainer.devices": 1,
-            "trainer.num_sanity_val_steps": 0,
-        })
+        parser.add_subclass_arguments(
+            InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False
+        )
+        parser.add_subclass_arguments(
+            WeightBroadcast, "broadcast", default=lazy_instance(FilesystemBroadcast), required=False
+        )
+        parser.set_defaults(
+            {
+                "trainer.max_steps": 20,
+                "trainer.log_every_n_steps": 1,
+                "trainer.enable_checkpointing": False,
+                "trainer.devices": 1,
+                "trainer.num_sanity_val_steps": 0,
+            }
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.trainer.max_steps is None or config.trainer.max_steps < 1:
-            raise ValueError(f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}")
+            raise ValueError(
+                f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}"
+            )
         if self.role != "fit" and not config.run_name:
-            raise ValueError(f"grpokit {self.role} needs --run_name: the processes of a run share the folder output_dir/run_name")
+            raise ValueError(
+                f"grpokit {self.role} needs --run_name: the processes of a run share the folder output_dir/run_name"
+            )
         self.run_name_given = bool(config.run_name)
         run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
         config.run_name = run_name
@@ -120,7 +159,11 @@ class GrpoCLI(LightningCLI):
         if self.role in ("fit", "train") and config.ckpt.resume_step is None and not started_as_other_rank():
             check_no_earlier_run(self.run_dir)
             if self.role == "fit" and (archive := archive_unfinished_attempt(self.run_dir)):
-                log.warning("%s held batches of an earlier attempt that stopped before its first checkpoint; moved them to %s", self.run_dir, archive)
+                log.warning(
+                    "%s held batches of an earlier attempt that stopped before its first checkpoint; moved them to %s",
+                    self.run_dir,
+                    archive,
+                )
         config.trainer.default_root_dir = str(self.run_dir)
         self.start_step, self.restart_from = 0, None
         self.restore_buffer = not config.ckpt.skip_buffer
@@ -128,7 +171,9 @@ class GrpoCLI(LightningCLI):
         if config.ckpt.resume_step is not None and (resuming or self.subcommand):
             folder = self.run_dir / "checkpoints"
             if config.ckpt.skip_progress and not checkpoint_steps(folder) and started_as_other_rank():
-                folder = newest_archive(self.run_dir) / "checkpoints"  # rank 0 archived the earlier count before starting this rank
+                folder = (
+                    newest_archive(self.run_dir) / "checkpoints"
+                )  # rank 0 archived the earlier count before starting this rank
             path, step = resume_path(folder, config.ckpt.resume_step)
             if resuming:
                 self.start_step = step
@@ -139,7 +184,9 @@ class GrpoCLI(LightningCLI):
         if not self.run_dir.exists():
             NEW_RUN_DIR[0] = self.run_dir  # entry removes it again if the start fails before anything is written
         self.run_dir.mkdir(parents=True, exist_ok=True)  # after the checks above: a refused start leaves no folder
-        config.trainer.logger = with_csv_logger(config.trainer.logger, self.run_dir, self.start_step if resuming else None)
+        config.trainer.logger = with_csv_logger(
+            config.trainer.logger, self.run_dir, self.start_step if resuming else None
+        )
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
 
@@ -167,10 +214,20 @@ class GrpoCLI(LightningCLI):
         broadcast.setup(self.run_dir)
         self._discard_stale_weights(broadcast)
         engine.setup(self.model.model_name)
-        self.datamodule.connect(engine, broadcast, load_tokenizer(self.model.model_name), self.run_dir, self.trainer.max_steps, self.start_step, self.restore_buffer,
-                                trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1)  # DDP: keep a micro-batch per rank
+        self.datamodule.connect(
+            engine,
+            broadcast,
+            load_tokenizer(self.model.model_name),
+            self.run_dir,
+            self.trainer.max_steps,
+            self.start_step,
+            self.restore_buffer,
+            trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1,
+        )  # DDP: keep a micro-batch per rank
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
-            self.trainer.callbacks.append(ShareBaseWeights(engine))  # before WeightSync: shared before the first publish
+            self.trainer.callbacks.append(
+                ShareBaseWeights(engine)
+            )  # before WeightSync: shared before the first publish
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
         vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself
@@ -197,13 +254,19 @@ class GrpoCLI(LightningCLI):
             data = self.datamodule
             if data.buffer.uses_pools:
                 restart_log(self.run_dir / "buffer.jsonl", data.shape.locate(step)[0] if self.restore_buffer else None)
-            print(f"ckpt.skip_progress: counting from step 0 with the weights of {path.name}; the earlier files are in {archive}", file=sys.stderr)
+            print(
+                "ckpt.skip_progress: counting from step 0 with the weights "
+                f"of {path.name}; the earlier files are in {archive}",
+                file=sys.stderr,
+            )
         self.trainer.callbacks.append(LoadWeights(self.run_dir, Path("checkpoints") / path.name))
 
     def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]
         if settings.interval:
-            self.trainer.callbacks.append(Checkpointer(self.run_dir / "checkpoints", settings, self.datamodule.transport))
+            self.trainer.callbacks.append(
+                Checkpointer(self.run_dir / "checkpoints", settings, self.datamodule.transport)
+            )
 
 
 def with_csv_logger(logger, run_dir: Path, resume_step: int | None):
@@ -258,12 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["sweep"], ["report"], ["rollouts"]):
         from grpokit.sweep import commands
 
-        return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[argv[0]](argv[1:])
+        return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[
+            argv[0]
+        ](argv[1:])
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0
     if argv[0] not in SUBCOMMANDS:
-        print(f"{USAGE}grpokit: error: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        print(
+            f"{USAGE}grpokit: error: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     check_recipe_files(argv)
     check_component_names(argv)
@@ -327,7 +395,15 @@ def raised_in_grpokit(e: BaseException) -> bool:
 def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
     """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked."""
     cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role}) if role != "fit" else GrpoCLI
-    return cls(Policy, Orchestrator, args=argv, run=run, seed_everything_default=0, save_config_kwargs={"overwrite": True}, parser_class=GrpoArgumentParser.for_command(f"grpokit {role}"))
+    return cls(
+        Policy,
+        Orchestrator,
+        args=argv,
+        run=run,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        parser_class=GrpoArgumentParser.for_command(f"grpokit {role}"),
+    )
 
 
 if __name__ == "__main__":

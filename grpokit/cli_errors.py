@@ -27,7 +27,8 @@ class GrpoArgumentParser(LightningArgumentParser):
     """LightningArgumentParser whose errors are one line plus a suggestion; jsonargparse's debug mode
     (JSONARGPARSE_DEBUG=1: raise instead of exit) and parsers that do not exit on error keep its own."""
 
-    command = "grpokit fit"  # what the error names (not sys.argv[0]: `python -m grpokit.cli`, pytest); make_cli sets the role's
+    # what the error names (not sys.argv[0]: `python -m grpokit.cli`, pytest); make_cli sets the role's
+    command = "grpokit fit"
 
     @classmethod
     def for_command(cls, command: str) -> type[GrpoArgumentParser]:
@@ -37,7 +38,10 @@ class GrpoArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() not in ("", "0", "false"):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        sys.stderr.write(f"{self.command}: error: {message}{suggestion(message, parser)}\n(`{self.command} --help` lists every option)\n")
+        sys.stderr.write(
+            f"{self.command}: error: {message}{suggestion(message, parser)}\n(`{self.command} "
+            "--help` lists every option)\n"
+        )
         self.exit(2)
 
 

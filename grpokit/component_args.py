@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import yaml
 from jsonargparse import Namespace
 
-
 COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.components.KINDS)
     "model.loss": "loss",
     "model.noise_scheduler": "noise",
@@ -43,9 +42,13 @@ COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.components.KINDS)
 }
 
 EXAMPLE_PATHS = {  # registry kind -> an import path shaped like a user's own class, for error messages
-    "loss": "my_lab.losses.MyLoss", "noise": "my_lab.noise.MyNoise", "advantage": "my_lab.advantages.MyAdvantage",
-    "filter": "my_lab.filters.MyFilter", "transport": "my_lab.transports.MyTransport",
-    "inference": "my_lab.engines.MyEngine", "broadcast": "my_lab.broadcasts.MyBroadcast",
+    "loss": "my_lab.losses.MyLoss",
+    "noise": "my_lab.noise.MyNoise",
+    "advantage": "my_lab.advantages.MyAdvantage",
+    "filter": "my_lab.filters.MyFilter",
+    "transport": "my_lab.transports.MyTransport",
+    "inference": "my_lab.engines.MyEngine",
+    "broadcast": "my_lab.broadcasts.MyBroadcast",
 }
 
 
@@ -78,12 +81,20 @@ def _apply_value(h: _History, value) -> None:
         return
     if isinstance(value.get("class_path"), str):
         _set_class(h, value["class_path"])
-    args = value.get("init_args") if isinstance(value.get("init_args"), dict) else {k: v for k, v in value.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+    args = (
+        value.get("init_args")
+        if isinstance(value.get("init_args"), dict)
+        else {k: v for k, v in value.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+    )
     h.explicit |= set(args)
 
 
 def _is_component(value) -> bool:
-    return isinstance(value, Namespace) and isinstance(getattr(value, "class_path", None), str) and isinstance(getattr(value, "init_args", None), Namespace)
+    return (
+        isinstance(value, Namespace)
+        and isinstance(getattr(value, "class_path", None), str)
+        and isinstance(getattr(value, "init_args", None), Namespace)
+    )
 
 
 def _component_keys(config: Namespace, prefix: str = "") -> tuple[list[str], list[str]]:
@@ -145,48 +156,66 @@ def _default_class(default) -> str | None:
     return cls.__mro__[1].__name__ if cls.__name__.startswith("LazyInstance") else cls.__name__
 
 
-def _histories(argv: list[str], keys: list[str], list_keys: list[str], defaults: Namespace | None) -> dict[str, _History]:
+def _histories(
+    argv: list[str], keys: list[str], list_keys: list[str], defaults: Namespace | None
+) -> dict[str, _History]:
     """The history of each single component (by key) and of each element of a list of components (by
     `key[i]`: jsonargparse merges a list given again element by element)."""
     histories = {k: _History(cls=_default_class(_get(defaults, k))) for k in keys}
     lengths = dict.fromkeys(list_keys, 0)
-
-    def apply_list(key: str, value, append: bool) -> None:
-        items = yaml.safe_load(value) if isinstance(value, str) and value.strip()[:1] in ("[", "{") else value
-        items = items if isinstance(items, list) else [items]
-        start = lengths[key] if append else 0
-        for i, item in enumerate(items, start):
-            _apply_value(histories.setdefault(f"{key}[{i}]", _History()), item)
-        lengths[key] = start + len(items) if append else len(items)
-
     for flag, value in _flags(argv):
         if flag in ("config", "c"):
-            tree = _config_tree(value)
-            for k in keys:
-                node = _lookup(tree, k)
-                if node is not None:
-                    _apply_value(histories[k], node)
-            for k in list_keys:
-                node = _lookup(tree, k)
-                if node is not None:
-                    apply_list(k, node, append=False)
+            _apply_config(histories, lengths, keys, list_keys, value)
             continue
         for k in list_keys:
             if flag in (k, k + "+"):
-                apply_list(k, value, append=flag.endswith("+"))
+                _apply_list(histories, lengths, k, value, append=flag.endswith("+"))
         for k in keys:
-            h = histories[k]
-            if flag == k:
-                _apply_value(h, value)
-            elif flag == f"{k}.class_path":
-                _set_class(h, value)
-            elif flag == f"{k}.init_args":
-                _apply_value(h, {"init_args": yaml.safe_load(value)})
-            elif flag.startswith(k + "."):
-                rest = flag[len(k) + 1 :].removeprefix("init_args.")
-                if rest:
-                    h.explicit.add(rest.split(".")[0])  # `serve.port` sets part of `serve`: keep all of it
+            _apply_flag(histories[k], k, flag, value)
     return histories
+
+
+def _apply_list(histories: dict[str, _History], lengths: dict[str, int], key: str, value, append: bool) -> None:
+    """Apply a list of components given for the list key `key` (a YAML string or the parsed list; a single
+    item counts as a list of one) to the histories of its elements `key[i]`: after the `lengths[key]`
+    elements so far when `append` (`--key+`), else from element 0; then update `lengths[key]`."""
+    items = yaml.safe_load(value) if isinstance(value, str) and value.strip()[:1] in ("[", "{") else value
+    items = items if isinstance(items, list) else [items]
+    start = lengths[key] if append else 0
+    for i, item in enumerate(items, start):
+        _apply_value(histories.setdefault(f"{key}[{i}]", _History()), item)
+    lengths[key] = start + len(items) if append else len(items)
+
+
+def _apply_config(
+    histories: dict[str, _History], lengths: dict[str, int], keys: list[str], list_keys: list[str], value: str
+) -> None:
+    """Apply a config file (the value of `--config`/`-c`) to the history of every single component and every
+    list of components that it sets; a list it sets replaces the elements given so far."""
+    tree = _config_tree(value)
+    for k in keys:
+        node = _lookup(tree, k)
+        if node is not None:
+            _apply_value(histories[k], node)
+    for k in list_keys:
+        node = _lookup(tree, k)
+        if node is not None:
+            _apply_list(histories, lengths, k, node, append=False)
+
+
+def _apply_flag(h: _History, key: str, flag: str, value: str) -> None:
+    """Apply one command-line flag to `h`, the history of the single component `key`, if the flag sets it:
+    the whole component, its class_path, its init_args, or one of its settings (recorded as explicit)."""
+    if flag == key:
+        _apply_value(h, value)
+    elif flag == f"{key}.class_path":
+        _set_class(h, value)
+    elif flag == f"{key}.init_args":
+        _apply_value(h, {"init_args": yaml.safe_load(value)})
+    elif flag.startswith(key + "."):
+        rest = flag[len(key) + 1 :].removeprefix("init_args.")
+        if rest:
+            h.explicit.add(rest.split(".")[0])  # `serve.port` sets part of `serve`: keep all of it
 
 
 def _get(config: Namespace | None, key: str):
@@ -201,7 +230,11 @@ def _get(config: Namespace | None, key: str):
 def _class_defaults(class_path: str) -> dict:
     module, name = class_path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
-    return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if p.default is not inspect.Parameter.empty}
+    return {
+        n: p.default
+        for n, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namespace | None = None) -> list[str]:
@@ -216,14 +249,20 @@ def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namesp
             continue  # the list was given again, shorter
         node = config[name][int(index[:-1])] if index else config[key]
         class_defaults = _class_defaults(node.class_path)
-        reset = {n: (getattr(node.init_args, n), class_defaults[n]) for n in vars(node.init_args)
-                 if n not in h.explicit and n in class_defaults and getattr(node.init_args, n) != class_defaults[n]}
+        reset = {
+            n: (getattr(node.init_args, n), class_defaults[n])
+            for n in vars(node.init_args)
+            if n not in h.explicit and n in class_defaults and getattr(node.init_args, n) != class_defaults[n]
+        }
         for n, (_, default) in reset.items():
             setattr(node.init_args, n, default)
         if reset:
             changes = ", ".join(f"{n} {old!r} -> {new!r}" for n, (old, new) in reset.items())
-            notes.append(f"{key}: {_short(node.class_path)} replaced an earlier class; its settings carried from that class are reset to "
-                         f"{_short(node.class_path)}'s defaults ({changes}). Give them after the class to keep other values.")
+            notes.append(
+                f"{key}: {_short(node.class_path)} replaced an earlier class; its settings "
+                f"carried from that class are reset to {_short(node.class_path)}'s "
+                f"defaults ({changes}). Give them after the class to keep other values."
+            )
     for line in notes:
         print(f"grpokit: {line}", file=sys.stderr)
     return notes
@@ -275,5 +314,6 @@ def check_component_names(argv: list[str]) -> None:
             f"{key}: no {kind} is named {name!r} ({source})"
             + (f"; {name} is of kind {' and '.join(elsewhere)}, not {kind}" if elsewhere else "")
             + (f"; did you mean {' or '.join(close)}?" if close else "")
-            + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give your class's import path ({EXAMPLE_PATHS.get(kind, 'my_lab.module.MyClass')})"
+            + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give "
+            f"your class's import path ({EXAMPLE_PATHS.get(kind, 'my_lab.module.MyClass')})"
         )

@@ -70,7 +70,9 @@ def components(kind: str | None = None) -> list[Component]:
             if inspect.isabstract(cls) or cls.__name__.startswith("LazyInstance_"):
                 continue  # LazyInstance_*: jsonargparse's stand-ins for lazy_instance defaults, not components
             doc = inspect.getdoc(cls) or ""
-            out.append(Component(k, cls.__name__, f"{cls.__module__}.{cls.__qualname__}", doc.splitlines()[0] if doc else ""))
+            out.append(
+                Component(k, cls.__name__, f"{cls.__module__}.{cls.__qualname__}", doc.splitlines()[0] if doc else "")
+            )
     return sorted(set(out), key=lambda c: (list(KINDS).index(c.kind), c.name, c.class_path))
 
 
@@ -79,7 +81,11 @@ def clashes(found: list[Component]) -> list[str]:
     by_name: dict[tuple[str, str], list[str]] = {}
     for c in found:
         by_name.setdefault((c.kind, c.name), []).append(c.class_path)
-    return [f"{kind} {name!r} is ambiguous: {' and '.join(paths)} (use a full class path)" for (kind, name), paths in by_name.items() if len(paths) > 1]
+    return [
+        f"{kind} {name!r} is ambiguous: {' and '.join(paths)} (use a full class path)"
+        for (kind, name), paths in by_name.items()
+        if len(paths) > 1
+    ]
 
 
 def _subclasses(cls: type) -> list[type]:

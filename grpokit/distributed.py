@@ -65,7 +65,9 @@ def share_batch(batch: TrainingBatch | None) -> TrainingBatch:
     return batch if batch is not None else decode_batch(raw)
 
 
-def rank_share(micro_batches: list[MicroBatch], rank: int, world: int, equal: bool = False) -> list[tuple[MicroBatch, bool]]:
+def rank_share(
+    micro_batches: list[MicroBatch], rank: int, world: int, equal: bool = False
+) -> list[tuple[MicroBatch, bool]]:
     """This rank's (micro-batch, counts) pairs: round-robin, or one zero-loss stand-in when none is left.
 
     `equal` (FSDP2, where every forward and backward is a collective): every rank gets ceil(M / W)
@@ -97,11 +99,17 @@ def all_gather_json(obj) -> list:
     return [json.loads(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(buffers, sizes)]
 
 
-def gather_step(loss: float, metrics: list[dict[str, torch.Tensor]], weights: list[float]) -> tuple[float, list[dict[str, float]], list[float]]:
+def gather_step(
+    loss: float, metrics: list[dict[str, torch.Tensor]], weights: list[float]
+) -> tuple[float, list[dict[str, float]], list[float]]:
     """The step's loss summed over ranks, and every rank's per-micro-batch metrics and weights."""
     mine = {"loss": loss, "metrics": [{k: float(v) for k, v in m.items()} for m in metrics], "weights": weights}
     parts = all_gather_json(mine)
-    return sum(p["loss"] for p in parts), [m for p in parts for m in p["metrics"]], [w for p in parts for w in p["weights"]]
+    return (
+        sum(p["loss"] for p in parts),
+        [m for p in parts for m in p["metrics"]],
+        [w for p in parts for w in p["weights"]],
+    )
 
 
 FSDP1_REFUSAL = (
@@ -133,18 +141,22 @@ def check_trainer_processes(trainer, run_name_given: bool) -> None:
     if isinstance(strategy, FSDPStrategy):
         raise ValueError(FSDP1_REFUSAL)
     if isinstance(strategy, ModelParallelStrategy) and strategy._tensor_parallel_size not in (1, "auto"):
-        raise ValueError(f"trainer.strategy ModelParallelStrategy with tensor_parallel_size {strategy._tensor_parallel_size}: grpokit shards with FSDP2 only; use trainer.strategy: fsdp2")
+        raise ValueError(
+            "trainer.strategy ModelParallelStrategy with tensor_parallel_size "
+            f"{strategy._tensor_parallel_size}: grpokit shards with FSDP2 only; use trainer.strategy: fsdp2"
+        )
     if trainer.world_size == 1:
         return
     if not isinstance(strategy, (DDPStrategy, ModelParallelStrategy)) or isinstance(strategy, DeepSpeedStrategy):
         raise ValueError(f"trainer.strategy {type(strategy).__name__}: {DEEPSPEED_REFUSAL}")
     if getattr(strategy, "_start_method", "popen") != "popen":
         raise ValueError(
-            f"trainer.strategy ddp_{strategy._start_method}: use trainer.strategy: ddp (or torchrun/SLURM). Spawned or forked "
-            "ranks would get a pickled copy of the objects this process built, engine and orchestrator included"
+            f"trainer.strategy ddp_{strategy._start_method}: use trainer.strategy: "
+            "ddp (or torchrun/SLURM). Spawned or forked ranks would get a pickled "
+            "copy of the objects this process built, engine and orchestrator included"
         )
     if not run_name_given:
         raise ValueError(
-            f"the trainer runs as {trainer.world_size} processes (trainer.devices x trainer.num_nodes): set --run_name, "
-            "so that they share one folder output_dir/run_name (each would otherwise name its own)"
+            f"the trainer runs as {trainer.world_size} processes (trainer.devices x trainer.num_nodes): set "
+            "--run_name, so that they share one folder output_dir/run_name (each would otherwise name its own)"
         )

@@ -70,7 +70,9 @@ class Environment:
         traces = [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)]
 
         async def score_all() -> list:
-            return await asyncio.gather(*(ex.task.score(tr) for ex, tr in zip(examples, traces)), return_exceptions=True)
+            return await asyncio.gather(
+                *(ex.task.score(tr) for ex, tr in zip(examples, traces)), return_exceptions=True
+            )
 
         out = []
         for ex, tr, outcome in zip(examples, traces, asyncio.run(score_all())):
@@ -83,7 +85,9 @@ class Environment:
                 raise outcome
             reward = tr.reward
             if reward is None or not math.isfinite(float(reward)):
-                raise ValueError(f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number")
+                raise ValueError(
+                    f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number"
+                )
             metrics = {k: float(v) for k, v in (tr.metrics or {}).items() if isinstance(v, (int, float))}
             out.append((float(reward), metrics))
         return out
@@ -97,10 +101,14 @@ class Environment:
             method = getattr(ex.task, "step_rewards", None)
             steps = None if method is None else [(int(end), float(reward)) for end, reward in method(reply)]
             ends = [end for end, _ in steps or []]
-            if ends != sorted(ends) or any(not 0 < end <= len(reply) for end in ends) or not all(math.isfinite(r) for _, r in steps or []):
+            if (
+                ends != sorted(ends)
+                or any(not 0 < end <= len(reply) for end in ends)
+                or not all(math.isfinite(r) for _, r in steps or [])
+            ):
                 raise ValueError(
-                    f"environment {self.name!r} example {ex.index}: step_rewards returned {steps}; expected (end, reward) "
-                    f"pairs with ascending ends in 1..{len(reply)} (the reply's length) and finite rewards"
+                    f"environment {self.name!r} example {ex.index}: step_rewards returned {steps}; expected (end, "
+                    f"reward) pairs with ascending ends in 1..{len(reply)} (the reply's length) and finite rewards"
                 )
             out.append(steps)
         return out
@@ -136,7 +144,9 @@ def bad_args_message(spec: EnvSpec, error, accepted: list[str] | None = None) ->
     """The data.env error for args a taskset's config rejected: each problem, and the accepted args
     where known (a built-in environment's config class)."""
     problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
-    return f"data.env id {spec.id!r}: bad args {spec.args}: {problems}" + (f" (accepted args: {', '.join(accepted)})" if accepted else "")
+    return f"data.env id {spec.id!r}: bad args {spec.args}: {problems}" + (
+        f" (accepted args: {', '.join(accepted)})" if accepted else ""
+    )
 
 
 def _load_taskset(spec: EnvSpec):
@@ -152,8 +162,15 @@ def _load_taskset(spec: EnvSpec):
         try:
             return vf.load_environment(vf.resolve_env_config({"taskset": {"id": spec.id, **spec.args}})).taskset
         except ModuleNotFoundError as e2:
-            raise ValueError(f"unknown environment id {spec.id!r} (data.env): not a built-in ({builtin_env_ids()}) and verifiers says: {e2}") from e2
-    taskset_classes = [getattr(module, n) for n in getattr(module, "__all__", []) if isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.Taskset)]
+            raise ValueError(
+                f"unknown environment id {spec.id!r} (data.env): not a "
+                f"built-in ({builtin_env_ids()}) and verifiers says: {e2}"
+            ) from e2
+    taskset_classes = [
+        getattr(module, n)
+        for n in getattr(module, "__all__", [])
+        if isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.Taskset)
+    ]
     if len(taskset_classes) != 1:
         raise ValueError(f"environment module {module.__name__} must export exactly one Taskset in __all__")
     cls = taskset_classes[0]
@@ -161,7 +178,9 @@ def _load_taskset(spec: EnvSpec):
     try:
         config = config_cls(id=spec.id, **spec.args)
     except pydantic.ValidationError as e:
-        raise ValueError(bad_args_message(spec, e, sorted(set(config_cls.model_fields) - set(vf.TasksetConfig.model_fields)))) from e
+        raise ValueError(
+            bad_args_message(spec, e, sorted(set(config_cls.model_fields) - set(vf.TasksetConfig.model_fields)))
+        ) from e
     return cls(config)
 
 
@@ -199,5 +218,7 @@ def make_trace(task: Any, reply: str):
     return vf.Trace(
         task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
         agent=AgentInfo(config=AgentConfig(model="grpokit")),
-        nodes=nodes, is_completed=True, ok=True,
+        nodes=nodes,
+        is_completed=True,
+        ok=True,
     )

@@ -43,7 +43,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
-        strategy_registry.register(cls.strategy_name, cls, description="grpokit: FSDP2 (fully_shard) over all processes, CPU or CUDA")
+        strategy_registry.register(
+            cls.strategy_name, cls, description="grpokit: FSDP2 (fully_shard) over all processes, CPU or CUDA"
+        )
 
 
 if "fsdp2" not in StrategyRegistry:
@@ -60,7 +62,9 @@ def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
     data-parallel dimension of Lightning's device mesh. In place; returns `model`."""
     from torch.distributed.fsdp import fully_shard
 
-    layers = decoder_layers(model, "trainer.strategy fsdp2: {model} has no model.layers to shard; use trainer.strategy: ddp")
+    layers = decoder_layers(
+        model, "trainer.strategy fsdp2: {model} has no model.layers to shard; use trainer.strategy: ddp"
+    )
     dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
     for layer in layers:
         fully_shard(layer, mesh=dp_mesh)

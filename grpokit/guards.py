@@ -34,7 +34,13 @@ class NonFiniteGuard:
             return True
         self.skipped += 1
         self.consecutive += 1
-        log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row)", batch.step, loss, grad_norm, self.consecutive)
+        log.warning(
+            "step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row)",
+            batch.step,
+            loss,
+            grad_norm,
+            self.consecutive,
+        )
         if self.max_consecutive and self.consecutive >= self.max_consecutive:
             where = "not saved (no run folder)"
             if run_dir:
@@ -42,9 +48,9 @@ class NonFiniteGuard:
                 atomic_write_bytes(path, encode_batch(batch))
                 where = f"saved to {path}"
             raise NonFiniteError(
-                f"{self.consecutive} consecutive steps with a non-finite loss or gradient norm (last: step {batch.step}, "
-                f"loss {loss}, grad norm {grad_norm}); the batch is {where}. Lower model.lr, check the loss's masks, "
-                f"or raise model.max_nonfinite_steps."
+                f"{self.consecutive} consecutive steps with a non-finite loss or gradient norm (last: "
+                f"step {batch.step}, loss {loss}, grad norm {grad_norm}); the batch is {where}. Lower "
+                "model.lr, check the loss's masks, or raise model.max_nonfinite_steps."
             )
         return False
 
@@ -62,8 +68,14 @@ class EmptyStepWatch:
     def observe(self, step: int, num_loss_tokens: int, metrics: dict[str, float]) -> None:
         self.in_a_row = self.in_a_row + 1 if num_loss_tokens == 0 else 0
         if self.in_a_row in (1, 10) or (self.in_a_row and self.in_a_row % 50 == 0):
-            masks = ", ".join(f"{k} {v:.2f}" for k, v in sorted(metrics.items()) if k.startswith("filter/") or k == "truncated_frac")
+            masks = ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(metrics.items()) if k.startswith("filter/") or k == "truncated_frac"
+            )
             log.warning(
-                "step %d trains on no token (%d such steps in a row): every rollout was filtered or masked (%s), so the "
-                "weights do not change. If every reply is cut at data.sampling.max_tokens, raise it, or lower what drove "
-                "replies there (an entropy bonus, the lr)", step, self.in_a_row, masks or "no filter metrics")
+                "step %d trains on no token (%d such steps in a row): every rollout was filtered or masked "
+                "(%s), so the weights do not change. If every reply is cut at data.sampling.max_tokens, "
+                "raise it, or lower what drove replies there (an entropy bonus, the lr)",
+                step,
+                self.in_a_row,
+                masks or "no filter metrics",
+            )

@@ -42,7 +42,9 @@ def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
-def atomic_save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def atomic_save_tensors(
+    path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Save tensors as safetensors (no pickle) atomically."""
     contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     atomic_write_bytes(path, save(contiguous, metadata=metadata))

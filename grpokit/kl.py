@@ -22,7 +22,8 @@ In async GRPO the tokens come from the behaviour (inference) policy, not p: Clip
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 

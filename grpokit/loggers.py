@@ -30,7 +30,10 @@ class _AppendingWriter(ExperimentWriter):
             return
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            fields, rows = reader.fieldnames or [], [r for r in reader if r.get("step") and int(float(r["step"])) < self.keep_before_step]
+            fields, rows = (
+                reader.fieldnames or [],
+                [r for r in reader if r.get("step") and int(float(r["step"])) < self.keep_before_step],
+            )
         self._write_rows(fields, rows)  # rows of steps the resumed run will redo are dropped
         self.metrics_keys = list(fields)
 

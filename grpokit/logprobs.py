@@ -19,7 +19,9 @@ def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch
     """Additive [1, 1, T, T] mask: 0 where token q may attend to token k (same sequence, k <= q)."""
     seq_ids_T = torch.repeat_interleave(torch.arange(len(seq_lens_N), device=seq_lens_N.device), seq_lens_N)
     t = seq_ids_T.numel()
-    allowed = torch.ones(t, t, dtype=torch.bool, device=seq_lens_N.device).tril_() & (seq_ids_T[:, None] == seq_ids_T[None, :])
+    allowed = torch.ones(t, t, dtype=torch.bool, device=seq_lens_N.device).tril_() & (
+        seq_ids_T[:, None] == seq_ids_T[None, :]
+    )
     mask = torch.zeros(t, t, dtype=dtype, device=seq_lens_N.device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
@@ -55,7 +57,15 @@ def _compiled_chunk_logprobs():
     return _COMPILED
 
 
-def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_T: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool = False, compile: bool = False):
+def chunked_logprobs(
+    lm_head: torch.nn.Module,
+    hidden_TH: torch.Tensor,
+    targets_T: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+    compile: bool = False,
+):
     """log softmax(lm_head(hidden_t) / temperature)[target_t] per row, `chunk_size` rows at a time.
 
     Each chunk runs under activation checkpointing, so neither the forward nor the backward ever holds
@@ -67,7 +77,15 @@ def chunked_logprobs(lm_head: torch.nn.Module, hidden_TH: torch.Tensor, targets_
 
     fn = _compiled_chunk_logprobs() if hidden_TH.is_cuda and compile else _chunk_logprobs
     parts = [
-        checkpoint(fn, lm_head, hidden_TH[i : i + chunk_size], targets_T[i : i + chunk_size], temperature, with_entropy, use_reentrant=False)
+        checkpoint(
+            fn,
+            lm_head,
+            hidden_TH[i : i + chunk_size],
+            targets_T[i : i + chunk_size],
+            temperature,
+            with_entropy,
+            use_reentrant=False,
+        )
         for i in range(0, max(hidden_TH.shape[0], 1), chunk_size)  # no rows: one empty chunk keeps the graph
     ]
     if not with_entropy:
@@ -79,8 +97,10 @@ def _supports_chunking(lm: torch.nn.Module) -> bool:
     """The causal LM's logits are exactly lm_head(final hidden state): no softcapping or logit scaling."""
     config = lm.config
     return (
-        hasattr(lm, "model") and lm.get_output_embeddings() is not None
-        and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) in (None, 1.0)
+        hasattr(lm, "model")
+        and lm.get_output_embeddings() is not None
+        and not getattr(config, "final_logit_softcapping", None)
+        and getattr(config, "logit_scale", None) in (None, 1.0)
         and getattr(config, "logits_scaling", None) in (None, 1.0)
     )
 
@@ -98,13 +118,28 @@ class _LogprobHead(torch.nn.Module):
     inside the root module's forward, where FSDP2 has gathered the head's (sharded) weight.
     """
 
-    def __init__(self, head: torch.nn.Module, targets_K: torch.Tensor, temperature: float, chunk_size: int, with_entropy: bool, compile: bool):
+    def __init__(
+        self,
+        head: torch.nn.Module,
+        targets_K: torch.Tensor,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+        compile: bool,
+    ):
         super().__init__()
         self.head, self.targets_K = head, targets_K
-        self.temperature, self.chunk_size, self.with_entropy, self.compile = temperature, chunk_size, with_entropy, compile
+        self.temperature, self.chunk_size, self.with_entropy, self.compile = (
+            temperature,
+            chunk_size,
+            with_entropy,
+            compile,
+        )
 
     def forward(self, hidden_1KH: torch.Tensor) -> torch.Tensor:
-        out = chunked_logprobs(self.head, hidden_1KH[0], self.targets_K, self.temperature, self.chunk_size, self.with_entropy, self.compile)
+        out = chunked_logprobs(
+            self.head, hidden_1KH[0], self.targets_K, self.temperature, self.chunk_size, self.with_entropy, self.compile
+        )
         return (torch.stack(out, -1) if self.with_entropy else out)[None]
 
 
@@ -160,10 +195,17 @@ def packed_token_logprobs(
     seq_lens_N = seq_lens_N.to(device)
     dtype = next(model.parameters()).dtype
     dtype = dtype if dtype.is_floating_point else torch.float32
-    model_ids, model_positions, row_T = input_ids_T, position_ids_T, None  # row_T: each token's row in the model's input
+    model_ids, model_positions, row_T = (
+        input_ids_T,
+        position_ids_T,
+        None,
+    )  # row_T: each token's row in the model's input
     if getattr(lm.config, "_attn_implementation", None) == VARLEN:
         if share_prefixes:
-            raise ValueError("model.share_prefixes needs dense attention (a tree mask); set model.attention: dense or model.share_prefixes: false")
+            raise ValueError(
+                "model.share_prefixes needs dense attention (a tree mask); "
+                "set model.attention: dense or model.share_prefixes: false"
+            )
         cu_N1 = torch.cat([seq_lens_N.new_zeros(1), seq_lens_N.cumsum(0)]).to(torch.int32)
         max_len = int(seq_lens_N.max())
         kwargs = {"cu_seq_lens_q": cu_N1, "cu_seq_lens_k": cu_N1, "max_length_q": max_len, "max_length_k": max_len}

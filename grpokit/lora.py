@@ -34,8 +34,11 @@ def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules), task_type="CAUSAL_LM",
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
     )
     lm = get_peft_model(lm, config)
     if gradient_checkpointing:
@@ -49,7 +52,9 @@ def adapter_tensors(lm: torch.nn.Module, sharded: bool) -> tuple[dict[str, torch
     from peft import get_peft_model_state_dict
 
     config = lm.peft_config["default"]
-    config_dict = json.loads(json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+    config_dict = json.loads(
+        json.dumps(config.to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o))
+    )
     adapter = full_tensors({n: p.detach() for n, p in lm.named_parameters() if p.requires_grad}) if sharded else None
     tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(lm, state_dict=adapter).items()}
     return tensors, config_dict

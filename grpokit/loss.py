@@ -104,6 +104,12 @@ def check_experts(loss: Loss, batch: TrainingBatch) -> None:
     them and a batch of sampled sequences without any."""
     name = type(loss).__name__
     if batch.num_expert_tokens and not loss.needs_experts:
-        raise ValueError(f"the batch has expert completions (data.expert) but model.loss {name} does not train on them: use Chord, or remove data.expert")
+        raise ValueError(
+            "the batch has expert completions (data.expert) but model.loss "
+            f"{name} does not train on them: use Chord, or remove data.expert"
+        )
     if loss.needs_experts and batch.num_loss_tokens and not batch.num_expert_tokens:
-        raise ValueError(f"model.loss {name} trains on expert completions, and the batch has none: set data.expert (e.g. {{field: answer}})")
+        raise ValueError(
+            f"model.loss {name} trains on expert completions, and the "
+            "batch has none: set data.expert (e.g. {field: answer})"
+        )

@@ -52,7 +52,9 @@ class ModelShape:
     lora_params: int = 0
 
 
-def model_shape(model: str, lora_rank: int | None = None, target_modules: list[str] | tuple[str, ...] = ()) -> ModelShape:
+def model_shape(
+    model: str, lora_rank: int | None = None, target_modules: list[str] | tuple[str, ...] = ()
+) -> ModelShape:
     """Read the shape of `model` (alias, HF id or folder) by building it on the meta device (no weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -69,7 +71,9 @@ def model_shape(model: str, lora_rank: int | None = None, target_modules: list[s
             if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
                 lora += lora_rank * (module.in_features + module.out_features)
     text = config.get_text_config()
-    return ModelShape(params=params, layers=text.num_hidden_layers, hidden=text.hidden_size, vocab=text.vocab_size, lora_params=lora)
+    return ModelShape(
+        params=params, layers=text.num_hidden_layers, hidden=text.hidden_size, vocab=text.vocab_size, lora_params=lora
+    )
 
 
 def trainer_bytes(
@@ -109,9 +113,10 @@ def colocated_gpu_memory_utilization(trainer_total: int, gpu_bytes: int) -> floa
     utilization = round((gpu_bytes - trainer_total) / gpu_bytes - MARGIN, 3)
     if utilization < MIN_UTILIZATION:
         raise ValueError(
-            f"the trainer needs an estimated {trainer_total / GIB:.1f} GiB of the GPU's {gpu_bytes / GIB:.1f} GiB, leaving vLLM "
-            f"{max(utilization, 0):.0%} (grpokit.memory): set inference.init_args.serve.gpu_memory_utilization yourself, or shrink "
-            "the trainer (data.seq_len, model.gradient_checkpointing, model.logprob_chunk_size), or give vLLM GPUs of its own"
+            f"the trainer needs an estimated {trainer_total / GIB:.1f} GiB of the GPU's "
+            f"{gpu_bytes / GIB:.1f} GiB, leaving vLLM {max(utilization, 0):.0%} (grpokit.memory): set "
+            "inference.init_args.serve.gpu_memory_utilization yourself, or shrink the trainer (data.seq_len, "
+            "model.gradient_checkpointing, model.logprob_chunk_size), or give vLLM GPUs of its own"
         )
     return utilization
 
@@ -122,8 +127,13 @@ def policy_trainer_bytes(policy, seq_len: int) -> dict[str, int]:
     shape = model_shape(policy.model_name, lora.rank if lora else None, lora.target_modules if lora else ())
     chunk = policy._chunk_size if policy._chunk_size is not None else 2048  # the Policy's CUDA default
     return trainer_bytes(
-        shape, tokens=seq_len, dtype_bytes=torch.empty((), dtype=getattr(torch, policy.dtype_name)).element_size(), lora=lora is not None,
-        optimizer=policy.optimizer_name, gradient_checkpointing=policy.gradient_checkpointing, logprob_chunk_size=chunk,
+        shape,
+        tokens=seq_len,
+        dtype_bytes=torch.empty((), dtype=getattr(torch, policy.dtype_name)).element_size(),
+        lora=lora is not None,
+        optimizer=policy.optimizer_name,
+        gradient_checkpointing=policy.gradient_checkpointing,
+        logprob_chunk_size=chunk,
         reference_copy=policy.loss.needs_reference,
     )
 
@@ -132,4 +142,6 @@ def colocated_share(policy, seq_len: int) -> float | None:
     """gpu_memory_utilization for a vLLM server beside this Policy's trainer on GPU 0 (None without CUDA)."""
     if not torch.cuda.is_available():
         return None
-    return colocated_gpu_memory_utilization(policy_trainer_bytes(policy, seq_len)["total"], torch.cuda.get_device_properties(0).total_memory)
+    return colocated_gpu_memory_utilization(
+        policy_trainer_bytes(policy, seq_len)["total"], torch.cuda.get_device_properties(0).total_memory
+    )

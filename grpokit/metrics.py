@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def mismatch_metrics(trainer_logprobs_T: torch.Tensor, inference_logprobs_T: torch.Tensor, mask_T: torch.Tensor) -> dict[str, torch.Tensor]:
+def mismatch_metrics(
+    trainer_logprobs_T: torch.Tensor, inference_logprobs_T: torch.Tensor, mask_T: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """How far the engine's sampling distribution P_gen is from the trainer's P_policy, on sampled tokens.
 
     With r_t = P_policy(x_t) / P_gen(x_t) = exp(logp_train_t - logp_infer_t) and tokens x_t ~ P_gen,

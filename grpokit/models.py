@@ -34,7 +34,10 @@ def resolve_model(name: str) -> str:
     """Return a path or HF id that `from_pretrained` can load for `name`."""
     if name not in GGUF_ALIASES:
         if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
-            raise FileNotFoundError(f"model.model {name!r}: no such folder. Set it to a local model folder, an HF id, or one of {sorted(GGUF_ALIASES)}")
+            raise FileNotFoundError(
+                f"model.model {name!r}: no such folder. Set it to a local "
+                f"model folder, an HF id, or one of {sorted(GGUF_ALIASES)}"
+            )
         return name
     package, gguf_file, folder = GGUF_ALIASES[name]
     target = cache_dir() / "models" / folder
@@ -74,7 +77,13 @@ def _convert_gguf(folder: Path, gguf_file: str, target: Path) -> None:
         raise
 
 
-def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", quantization: str | None = None, device: str | torch.device = "cpu"):
+def load_causal_lm(
+    name: str,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    quantization: str | None = None,
+    device: str | torch.device = "cpu",
+):
     """Load the causal LM for `name` (alias, HF id or path).
 
     With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
@@ -89,9 +98,14 @@ def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, attn_implement
 
         kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation, **kwargs
+        )
     except OSError as e:
-        raise FileNotFoundError(f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}") from e
+        raise FileNotFoundError(
+            f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model "
+            f"to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}"
+        ) from e
 
 
 def load_tokenizer(name: str):

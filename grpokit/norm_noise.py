@@ -69,20 +69,32 @@ def apply_norm_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor])
     params = dict(unwrap_peft(model).named_parameters())
     missing = sorted(set(tensors) - set(params))
     if missing:
-        raise ValueError(f"noisy norm weights name parameters the engine's model lacks: {missing[:5]} (trainer and engine must load the same model.model)")
+        raise ValueError(
+            "noisy norm weights name parameters the engine's model lacks: "
+            f"{missing[:5]} (trainer and engine must load the same model.model)"
+        )
     for name, t in tensors.items():
         if params[name].shape != t.shape:
-            raise ValueError(f"noisy norm weight {name!r} has shape {tuple(t.shape)}, the engine's parameter {tuple(params[name].shape)}")
+            raise ValueError(
+                f"noisy norm weight {name!r} has shape {tuple(t.shape)}, "
+                f"the engine's parameter {tuple(params[name].shape)}"
+            )
         params[name].copy_(t)
 
 
 def check_engine_accepts_norms(engine, scheduler, broadcast=None) -> None:
     """Fail at start when noise is on and neither the engine nor the broadcast loads norm weights (e.g.
     vLLM's LoRA hot reload from the filesystem broadcast; VLLMNCCLBroadcast loads them in vLLM's worker)."""
-    if scheduler is None or not scheduler.enabled or getattr(engine, "applies_norm_weights", False) or getattr(broadcast, "applies_norm_weights", False):
+    if (
+        scheduler is None
+        or not scheduler.enabled
+        or getattr(engine, "applies_norm_weights", False)
+        or getattr(broadcast, "applies_norm_weights", False)
+    ):
         return
     raise ValueError(
-        f"model.noise_scheduler ({type(scheduler).__name__}) is enabled, but inference: {type(engine).__name__} cannot load "
-        "the noisy norm weights it needs (vLLM's runtime LoRA loading takes adapter weights only). Use inference: BuiltinEngine "
-        "(or grpokit infer), send the weights into vLLM's worker with broadcast: VLLMNCCLBroadcast, or set model.noise_scheduler: null"
+        f"model.noise_scheduler ({type(scheduler).__name__}) is enabled, but inference: "
+        f"{type(engine).__name__} cannot load the noisy norm weights it needs (vLLM's runtime LoRA "
+        "loading takes adapter weights only). Use inference: BuiltinEngine (or grpokit infer), send the "
+        "weights into vLLM's worker with broadcast: VLLMNCCLBroadcast, or set model.noise_scheduler: null"
     )

@@ -20,7 +20,8 @@ masked per-token value is not finite).
 
 from __future__ import annotations
 
-from typing import Callable, Literal, get_args
+from collections.abc import Callable
+from typing import Literal, get_args
 
 import torch
 
@@ -46,7 +47,9 @@ def check_normalization(normalization: str, max_tokens_normalizer: int | None) -
         )
 
 
-def normalize(per_token_T: torch.Tensor, inputs: LossInputs, mode: Normalization, max_tokens_normalizer: int | None = None) -> torch.Tensor:
+def normalize(
+    per_token_T: torch.Tensor, inputs: LossInputs, mode: Normalization, max_tokens_normalizer: int | None = None
+) -> torch.Tensor:
     """Aggregate per-token losses into this micro-batch's 0-dim share of the step's loss (see the module)."""
     mask_T = inputs.loss_mask_T > 0
     masked_T = torch.where(mask_T, per_token_T, 0.0)

@@ -19,10 +19,10 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from grpokit.distributed import gather_step, rank_and_world, rank_share
 from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
-from grpokit.logprobs import packed_token_logprobs
 from grpokit.guards import EmptyStepWatch, NonFiniteGuard
-from grpokit.loss import Loss, LossInputs, check_experts
+from grpokit.logprobs import packed_token_logprobs
 from grpokit.lora import LoraSettings, adapter_tensors, add_lora
+from grpokit.loss import Loss, LossInputs, check_experts
 from grpokit.lr_schedule import lr_factor
 from grpokit.metrics import mismatch_metrics, weighted_mean
 from grpokit.models import compile_decoder_layers, load_causal_lm, parse_dtype
@@ -120,16 +120,22 @@ class Policy(L.LightningModule):
         if (teacher_model is not None) != loss.needs_teacher:
             raise ValueError(
                 f"model.teacher_model is {teacher_model!r} but model.loss {type(loss).__name__} "
-                f"{'needs' if loss.needs_teacher else 'does not use'} teacher logprobs: set both (e.g. AIPO teacher_tau > 0 "
-                "with model.teacher_model) or neither"
+                f"{'needs' if loss.needs_teacher else 'does not use'} teacher logprobs: set "
+                "both (e.g. AIPO teacher_tau > 0 with model.teacher_model) or neither"
             )
         self.teacher_model = teacher_model
         self.attention, self._chunk_size, self.compile_layers = attention, logprob_chunk_size, compile
         if activation_memory_budget is not None and not (compile and 0 < activation_memory_budget <= 1):
-            raise ValueError(f"model.activation_memory_budget ({activation_memory_budget}) needs model.compile: true and a value in (0, 1]")
+            raise ValueError(
+                f"model.activation_memory_budget ({activation_memory_budget}) "
+                "needs model.compile: true and a value in (0, 1]"
+            )
         self.activation_memory_budget = activation_memory_budget
         if share_prefixes and attention == "varlen":
-            raise ValueError("model.share_prefixes: true needs dense attention (a tree mask); set model.attention: dense or model.share_prefixes: false")
+            raise ValueError(
+                "model.share_prefixes: true needs dense attention (a tree mask); "
+                "set model.attention: dense or model.share_prefixes: false"
+            )
         self._share_prefixes = share_prefixes
         self.lm: torch.nn.Module | None = None
         self.ref_lm: torch.nn.Module | None = None  # full fine-tuning's frozen reference, loaded on first use
@@ -142,7 +148,9 @@ class Policy(L.LightningModule):
         lm = self._load_base()
         if self.lora is not None:
             lm = add_lora(lm, self.lora, self.gradient_checkpointing)
-        self.lm = self._set_attention(lm).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
+        self.lm = self._set_attention(
+            lm
+        ).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
         if self.compile_layers:
             if self.activation_memory_budget is not None:
                 import torch._functorch.config as functorch_config
@@ -159,7 +167,9 @@ class Policy(L.LightningModule):
             ("model.compile", self.compile_layers or None, "compiled layers under FSDP2 are not tested"),
         ):
             if value is not None:
-                raise ValueError(f"{key}: {value!r} with trainer.strategy fsdp2: {why}; unset {key} or use trainer.strategy: ddp")
+                raise ValueError(
+                    f"{key}: {value!r} with trainer.strategy fsdp2: {why}; unset {key} or use trainer.strategy: ddp"
+                )
         shard_model(self.lm, mesh)
 
     @property
@@ -168,7 +178,11 @@ class Policy(L.LightningModule):
         return is_sharded(self.lm)
 
     def _on_cuda(self) -> bool:
-        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = (
+            self.trainer.strategy.root_device
+            if self._trainer is not None
+            else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        )
         return device.type == "cuda"
 
     def _set_attention(self, lm: torch.nn.Module) -> torch.nn.Module:
@@ -193,7 +207,8 @@ class Policy(L.LightningModule):
         return 2048 if self._on_cuda() else 0
 
     def _load_base(self) -> torch.nn.Module:
-        """The base model: as stored, or (QLoRA) 4-bit NF4 on the training device, prepared by peft for k-bit training."""
+        """The base model: as stored, or (QLoRA) 4-bit NF4 on the training device, prepared by peft for
+        k-bit training."""
         if self.quantization is None:
             lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
             if self.gradient_checkpointing:
@@ -203,8 +218,14 @@ class Policy(L.LightningModule):
 
         device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
         check_nf4(device)  # fails here, with the fix, rather than inside from_pretrained
-        lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name), quantization=self.quantization, device=device)
-        return prepare_model_for_kbit_training(lm, use_gradient_checkpointing=self.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm = load_causal_lm(
+            self.model_name, dtype=parse_dtype(self.dtype_name), quantization=self.quantization, device=device
+        )
+        return prepare_model_for_kbit_training(
+            lm,
+            use_gradient_checkpointing=self.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Keep only trainable weights (the adapter under LoRA): the frozen base is the model file."""
@@ -219,16 +240,24 @@ class Policy(L.LightningModule):
         CPU (the other ranks get an update without tensors; they never publish), LoRA gathers only the
         adapter's shards, on every rank."""
         if self.lora is None:
-            tensors = full_state_dict(self.lm) if self.sharded else {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
+            tensors = (
+                full_state_dict(self.lm)
+                if self.sharded
+                else {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
+            )
             return WeightUpdate(step=step, tensors=tensors, norm_tensors=self.noisy_norm_weights(step))
         tensors, config_dict = adapter_tensors(self.lm, self.sharded)
-        return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step))
+        return WeightUpdate(
+            step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step)
+        )
 
     def noise_sigma(self, step: int) -> float:
         """Sigma of the QeRL noise on the weights published as `step` (0 without an enabled scheduler)."""
         if self.noise_scheduler is None or not self.noise_scheduler.enabled:
             return 0.0
-        max_steps = int(self.trainer.max_steps) if self._trainer is not None and (self.trainer.max_steps or 0) > 0 else 1
+        max_steps = (
+            int(self.trainer.max_steps) if self._trainer is not None and (self.trainer.max_steps or 0) > 0 else 1
+        )
         return self.noise_scheduler.sigma(step, max_steps)
 
     def noisy_norm_weights(self, step: int) -> dict[str, torch.Tensor]:
@@ -253,7 +282,12 @@ class Policy(L.LightningModule):
         if not result.stepped:
             self._count_skipped_step()
         sched.step()
-        logs = {"loss": result.loss, "grad_norm": result.grad_norm, "lr": sched.get_last_lr()[0], "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches))}
+        logs = {
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "lr": sched.get_last_lr()[0],
+            "tokens": float(sum(mb.num_tokens for mb in batch.micro_batches)),
+        }
         logs["skipped_steps"] = float(self.guard.skipped)
         if self.noise_scheduler is not None:
             logs["noise_sigma"] = self.noise_sigma(batch.step)  # of the weights published as this step
@@ -269,7 +303,9 @@ class Policy(L.LightningModule):
         if self._trainer is not None and self.trainer.default_root_dir and self.trainer.is_global_zero:
             record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
 
-    def train_batch(self, batch: TrainingBatch, opt: torch.optim.Optimizer, received: TrainingBatch | None = None) -> StepResult:
+    def train_batch(
+        self, batch: TrainingBatch, opt: torch.optim.Optimizer, received: TrainingBatch | None = None
+    ) -> StepResult:
         """One optimizer step on `batch` (on the training device): this rank's share of the micro-batches
         (grpokit.distributed) forward and backward, the step's loss and metrics gathered from every rank,
         gradient clipping, and the optimizer step unless the non-finite guard refuses it (it then saves
@@ -286,10 +322,14 @@ class Policy(L.LightningModule):
             if not counts:
                 continue
             totals += loss.detach().double().cpu()
-            metrics.update(mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T))
+            metrics.update(
+                mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T)
+            )
             mb_metrics.append(metrics)
             weights.append(float(inputs.loss_mask_T.sum()))
-        totals, mb_metrics, weights = gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
+        totals, mb_metrics, weights = (
+            gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
+        )
         grad_norm = self._clip_gradients()
         bad_dir = self.trainer.default_root_dir if self._trainer is not None and rank == 0 else None
         stepped = self.guard.allows_step(totals, grad_norm, received if received is not None else batch, bad_dir)
@@ -317,14 +357,23 @@ class Policy(L.LightningModule):
         logprobs_T, entropy_T = out if self.loss.needs_entropy else (out, None)
         ref_logprobs_T = self.reference_logprobs(mb, batch.temperature) if self.loss.needs_reference else None
         return LossInputs(
-            trainer_logprobs_T=logprobs_T, inference_logprobs_T=mb.inference_logprobs_T.float(),
-            advantages_T=mb.advantages_T.float(), loss_mask_T=mb.loss_mask_T.float(),
-            seq_ids_T=mb.seq_ids_T().to(logprobs_T.device), num_seqs=len(mb.seq_lens_N),
-            loss_normalizer=float(max(batch.num_loss_tokens, 1)), step_num_seqs=max(batch.num_loss_seqs, 1),
-            is_truncated_N=mb.is_truncated_N, ref_logprobs_T=ref_logprobs_T, entropy_T=entropy_T, num_micro_batches=len(batch.micro_batches),
+            trainer_logprobs_T=logprobs_T,
+            inference_logprobs_T=mb.inference_logprobs_T.float(),
+            advantages_T=mb.advantages_T.float(),
+            loss_mask_T=mb.loss_mask_T.float(),
+            seq_ids_T=mb.seq_ids_T().to(logprobs_T.device),
+            num_seqs=len(mb.seq_lens_N),
+            loss_normalizer=float(max(batch.num_loss_tokens, 1)),
+            step_num_seqs=max(batch.num_loss_seqs, 1),
+            is_truncated_N=mb.is_truncated_N,
+            ref_logprobs_T=ref_logprobs_T,
+            entropy_T=entropy_T,
+            num_micro_batches=len(batch.micro_batches),
             teacher_logprobs_T=self.teacher_logprobs(mb, batch.temperature) if self.teacher_model else None,
-            expert_mask_T=mb.expert_mask_T.float(), expert_normalizer=float(max(batch.num_expert_tokens, 1)),
-            step=self.trainer.global_step if self._trainer else 0, max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
+            expert_mask_T=mb.expert_mask_T.float(),
+            expert_normalizer=float(max(batch.num_expert_tokens, 1)),
+            step=self.trainer.global_step if self._trainer else 0,
+            max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
         )
 
     @torch.no_grad()
@@ -334,22 +383,39 @@ class Policy(L.LightningModule):
             with self.lm.disable_adapter():
                 return self._logprobs(self.lm, mb, temperature)
         if self.ref_lm is None:
-            self.ref_lm = self._set_attention(load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name)).to(self.device).eval().requires_grad_(False))
+            self.ref_lm = self._set_attention(
+                load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
+                .to(self.device)
+                .eval()
+                .requires_grad_(False)
+            )
         return self._logprobs(self.ref_lm, mb, temperature)
 
     @torch.no_grad()
     def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
         if self.teacher_lm is None:
-            self.teacher_lm = self._set_attention(load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device))
+            self.teacher_lm = self._set_attention(
+                load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device)
+            )
         return self._logprobs(self.teacher_lm, mb, temperature)
 
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool = False):
         """`model`'s logprobs of the micro-batch's loss and expert tokens (0 on the others: the LM head
         never runs on prompt tokens)."""
         needed_T = (mb.loss_mask_T > 0) | (mb.expert_mask_T > 0)
-        return packed_token_logprobs(model, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, temperature, with_entropy=with_entropy, chunk_size=self.logprob_chunk_size, compile=self.compile_layers, needed_T=needed_T,
-                                     share_prefixes=self.share_prefixes)
+        return packed_token_logprobs(
+            model,
+            mb.input_ids_T,
+            mb.position_ids_T,
+            mb.seq_lens_N,
+            temperature,
+            with_entropy=with_entropy,
+            chunk_size=self.logprob_chunk_size,
+            compile=self.compile_layers,
+            needed_T=needed_T,
+            share_prefixes=self.share_prefixes,
+        )
 
     def _count_skipped_step(self) -> None:
         """Advance Lightning's step counter without touching the weights or the optimizer state, so the
@@ -373,7 +439,9 @@ class Policy(L.LightningModule):
             logger.log_metrics(logs, step=step)
         for name in ("reward", "kl", "step_time"):
             if name in logs:
-                self.log(name, float(logs[name]), prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1)
+                self.log(
+                    name, float(logs[name]), prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
+                )
 
     def on_train_start(self) -> None:
         self._last_step_end: float | None = time.perf_counter()
@@ -381,12 +449,20 @@ class Policy(L.LightningModule):
     def make_optimizer(self) -> torch.optim.Optimizer:
         """The model.optimizer over the trainable weights (configure_optimizers, and grpokit bench)."""
         check_optimizer(self.optimizer_name, self.device)
-        return build_optimizer(self.optimizer_name, [p for p in self.lm.parameters() if p.requires_grad], self.lr, self.betas, self.weight_decay)
+        return build_optimizer(
+            self.optimizer_name,
+            [p for p in self.lm.parameters() if p.requires_grad],
+            self.lr,
+            self.betas,
+            self.weight_decay,
+        )
 
     def configure_optimizers(self):
         opt = self.make_optimizer()
         max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio)
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 

@@ -59,7 +59,10 @@ def prefix_tree(input_ids_T: torch.Tensor, position_ids_T: torch.Tensor, seq_len
     ids, lens = input_ids_T.tolist(), seq_lens_N.tolist()
     expected = [p for n in lens for p in range(n)]
     if position_ids_T.tolist() != expected:
-        raise ValueError("prefix sharing needs each packed sequence's position_ids to be 0, 1, 2, ...; set model.share_prefixes: false")
+        raise ValueError(
+            "prefix sharing needs each packed sequence's position_ids "
+            "to be 0, 1, 2, ...; set model.share_prefixes: false"
+        )
     children: dict[tuple[int, int], int] = {}
     tokens, depths, parents, node_T = [], [], [], []
     t = 0

@@ -27,7 +27,9 @@ class CountsSteps:
     def total_train_batches(self) -> int:
         return self.trainer.max_steps
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
 
 
@@ -64,4 +66,6 @@ def use_step_progress_bar(trainer: L.Trainer) -> None:
                 refresh_rate=bar.refresh_rate, leave=bar._leave, theme=bar.theme, console_kwargs=bar._console_kwargs
             )
         elif type(bar) is TQDMProgressBar:
-            trainer.callbacks[i] = StepTQDMProgressBar(refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave)
+            trainer.callbacks[i] = StepTQDMProgressBar(
+                refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave
+            )

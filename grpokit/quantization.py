@@ -15,7 +15,7 @@ device fails at start with the fix, not at the first step.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -29,8 +29,14 @@ def require_bitsandbytes(key: str, value: str):
     try:
         import bitsandbytes
     except ImportError as e:
-        fallback = "drop model.quantization (train the unquantized base)" if key == "model.quantization" else "use model.optimizer: adamw"
-        raise ImportError(f"{key}: {value} needs bitsandbytes, which is not installed: {INSTALL_HINT}, or {fallback}") from e
+        fallback = (
+            "drop model.quantization (train the unquantized base)"
+            if key == "model.quantization"
+            else "use model.optimizer: adamw"
+        )
+        raise ImportError(
+            f"{key}: {value} needs bitsandbytes, which is not installed: {INSTALL_HINT}, or {fallback}"
+        ) from e
     return bitsandbytes
 
 
@@ -45,8 +51,8 @@ def check_policy_settings(quantization: str | None, optimizer: str, has_lora: bo
     validate_choice("model.optimizer", optimizer, OPTIMIZERS)
     if quantization is not None and not has_lora:
         raise ValueError(
-            f"model.quantization: {quantization} needs model.lora: a 4-bit base is frozen, so QLoRA trains a LoRA adapter on it. "
-            "Set model.lora, or drop model.quantization to train all weights"
+            f"model.quantization: {quantization} needs model.lora: a 4-bit base is frozen, so QLoRA "
+            "trains a LoRA adapter on it. Set model.lora, or drop model.quantization to train all weights"
         )
     if quantization is not None:
         require_bitsandbytes("model.quantization", quantization)
@@ -61,7 +67,10 @@ def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype,
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
     )
 
 
@@ -77,11 +86,15 @@ def check_nf4(device: torch.device | str) -> None:
         error /= w_RC.float().abs().max().item()
     except Exception as e:  # bitsandbytes raises RuntimeError, NotImplementedError or backend-specific errors
         raise RuntimeError(
-            f"model.quantization: nf4 cannot run on {device}: bitsandbytes {bnb.__version__} has no working 4-bit backend there ({e}). "
-            "Run on a CUDA GPU, install a bitsandbytes release with a CPU backend (0.50.2 runs NF4 on CPU), or drop model.quantization"
+            f"model.quantization: nf4 cannot run on {device}: bitsandbytes {bnb.__version__} has "
+            f"no working 4-bit backend there ({e}). Run on a CUDA GPU, install a bitsandbytes "
+            "release with a CPU backend (0.50.2 runs NF4 on CPU), or drop model.quantization"
         ) from e
     if not error < 0.2:  # NF4's widest level gap is 0.277 of a block's absmax: rounding errs by <= 0.14 of it
-        raise RuntimeError(f"model.quantization: nf4 on {device}: bitsandbytes {bnb.__version__} round-trips a test block with error {error:.3f} of its absmax; its backend is broken here")
+        raise RuntimeError(
+            f"model.quantization: nf4 on {device}: bitsandbytes {bnb.__version__} round-trips "
+            f"a test block with error {error:.3f} of its absmax; its backend is broken here"
+        )
 
 
 def check_optimizer(name: str, device: torch.device | str) -> None:
@@ -102,19 +115,23 @@ def check_optimizer(name: str, device: torch.device | str) -> None:
         opt.step()
     except Exception as e:
         raise RuntimeError(
-            f"model.optimizer: {name} cannot run on {device}: bitsandbytes {bnb.__version__} failed an 8-bit step ({e}). "
-            "Use model.optimizer: adamw, or run on a CUDA GPU"
+            f"model.optimizer: {name} cannot run on {device}: bitsandbytes {bnb.__version__} "
+            f"failed an 8-bit step ({e}). Use model.optimizer: adamw, or run on a CUDA GPU"
         ) from e
 
 
-def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], weight_decay: float
+) -> torch.optim.Optimizer:
     """AdamW (torch), AdamW8bit or PagedAdamW8bit (bitsandbytes) over `params`."""
     validate_choice("model.optimizer", name, OPTIMIZERS)
     params = list(params)
     if name == "adamw":
         # one fused kernel per step on CUDA (plain tensors; FSDP2's DTensors keep foreach), foreach elsewhere
         fused = bool(params) and all(p.device.type == "cuda" and type(p.data) is torch.Tensor for p in params)
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True}))
+        return torch.optim.AdamW(
+            params, lr=lr, betas=betas, weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True})
+        )
     bnb = require_bitsandbytes("model.optimizer", name)
     cls = bnb.optim.AdamW8bit if name == "adamw_8bit" else bnb.optim.PagedAdamW8bit
     return cls(params, lr=lr, betas=betas, weight_decay=weight_decay)

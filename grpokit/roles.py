@@ -58,7 +58,14 @@ def infer(cli) -> int:
     log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run_dir)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM shuts the server down like Ctrl-C
     try:
-        serve(engine, load_tokenizer(cli.model.model_name), host=settings.host, port=settings.port, model_name=settings.model_name, broadcast=broadcast)
+        serve(
+            engine,
+            load_tokenizer(cli.model.model_name),
+            host=settings.host,
+            port=settings.port,
+            model_name=settings.model_name,
+            broadcast=broadcast,
+        )
     except KeyboardInterrupt:
         log.info("server stopped")
     finally:
@@ -106,7 +113,15 @@ def orchestrate(cli) -> int:
     data = cli.datamodule
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.start_step, published.step if published else 0)
-    data.connect(engine, broadcast, load_tokenizer(cli.model.model_name), cli.run_dir, cli.trainer.max_steps, start, cli.restore_buffer)
+    data.connect(
+        engine,
+        broadcast,
+        load_tokenizer(cli.model.model_name),
+        cli.run_dir,
+        cli.trainer.max_steps,
+        start,
+        cli.restore_buffer,
+    )
     data.start_step = first_unsent_step(data, start)
     data.run()
     data.transport.close()

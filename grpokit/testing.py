@@ -24,7 +24,12 @@ from grpokit.types import MicroBatch, Rollout, TrainingBatch
 
 def check_component(cls: type) -> None:
     """Run the contract checks of `cls`'s kind (loss, advantage, filter or noise); other kinds are skipped."""
-    for base, check in ((Loss, check_loss), (Advantage, check_advantage), (Filter, check_filter), (NoiseScheduler, check_noise_scheduler)):
+    for base, check in (
+        (Loss, check_loss),
+        (Advantage, check_advantage),
+        (Filter, check_filter),
+        (NoiseScheduler, check_noise_scheduler),
+    ):
         if issubclass(cls, base):
             check(cls())
 
@@ -42,8 +47,11 @@ def make_loss_inputs(trainer, infer, adv, seq_ids=None, mask=None, **overrides) 
     fields = {
         "trainer_logprobs_T": torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
         "inference_logprobs_T": torch.tensor(infer, dtype=torch.float64),
-        "advantages_T": torch.tensor(adv, dtype=torch.float64), "loss_mask_T": mask_t, "seq_ids_T": seq_ids_t,
-        "num_seqs": max(seq_ids) + 1, "loss_normalizer": float(mask_t.sum().clamp(min=1)),
+        "advantages_T": torch.tensor(adv, dtype=torch.float64),
+        "loss_mask_T": mask_t,
+        "seq_ids_T": seq_ids_t,
+        "num_seqs": max(seq_ids) + 1,
+        "loss_normalizer": float(mask_t.sum().clamp(min=1)),
         "step_num_seqs": max(int(with_loss.sum()), 1),
     }
     return LossInputs(**{**fields, **overrides})
@@ -58,10 +66,16 @@ def loss_and_grad(loss_fn: Loss, inputs: LossInputs) -> tuple[torch.Tensor, dict
 
 def loss_inputs(trainer_T, inference_T, adv_T, mask_T, seq_ids_T, ref_T=None) -> LossInputs:
     return LossInputs(
-        trainer_logprobs_T=trainer_T, inference_logprobs_T=inference_T, advantages_T=adv_T, loss_mask_T=mask_T,
-        seq_ids_T=seq_ids_T, num_seqs=int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0,
-        loss_normalizer=float(max(mask_T.sum().item(), 1)), step_num_seqs=max(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 1, 1),
-        is_truncated_N=torch.zeros(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0, dtype=torch.bool), ref_logprobs_T=ref_T,
+        trainer_logprobs_T=trainer_T,
+        inference_logprobs_T=inference_T,
+        advantages_T=adv_T,
+        loss_mask_T=mask_T,
+        seq_ids_T=seq_ids_T,
+        num_seqs=int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0,
+        loss_normalizer=float(max(mask_T.sum().item(), 1)),
+        step_num_seqs=max(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 1, 1),
+        is_truncated_N=torch.zeros(int(seq_ids_T.max()) + 1 if len(seq_ids_T) else 0, dtype=torch.bool),
+        ref_logprobs_T=ref_T,
     )
 
 
@@ -96,12 +110,18 @@ def check_loss(loss: Loss) -> None:
         out, metrics = loss(inputs)
         assert out.dim() == 0 and torch.isfinite(out), f"{name} ({case}): loss must be a finite 0-dim tensor, got {out}"
         for key, value in metrics.items():
-            assert torch.is_tensor(value) and value.dim() == 0 and not value.requires_grad, f"{name} ({case}): metric {key} must be a detached 0-dim tensor"
+            assert torch.is_tensor(value) and value.dim() == 0 and not value.requires_grad, (
+                f"{name} ({case}): metric {key} must be a detached 0-dim tensor"
+            )
             assert torch.isfinite(value), f"{name} ({case}): metric {key} is {value}"
         out.backward()
         grad = trainer.grad
-        assert grad is not None and torch.all(torch.isfinite(grad)), f"{name} ({case}): gradient must reach trainer_logprobs_T and be finite"
-        assert torch.all(grad[(mask == 0) & (expert == 0)] == 0), f"{name} ({case}): tokens outside the loss (and expert) mask must get zero gradient"
+        assert grad is not None and torch.all(torch.isfinite(grad)), (
+            f"{name} ({case}): gradient must reach trainer_logprobs_T and be finite"
+        )
+        assert torch.all(grad[(mask == 0) & (expert == 0)] == 0), (
+            f"{name} ({case}): tokens outside the loss (and expert) mask must get zero gradient"
+        )
         if case == "on-policy":  # off-policy tokens may all be clipped (GSPO's trust region is ~1e-4)
             assert grad.abs().sum() > 0, f"{name}: no gradient on on-policy tokens with non-zero advantages"
 
@@ -114,22 +134,42 @@ def check_advantage(advantage: Advantage) -> None:
     rewards = torch.rand(4, 6, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, 30, (4, 6), generator=g).double()
     out = advantage(rewards, lengths)
-    assert out.shape == rewards.shape and out.dtype == rewards.dtype, f"{name}: output must have the rewards' shape and dtype"
+    assert out.shape == rewards.shape and out.dtype == rewards.dtype, (
+        f"{name}: output must have the rewards' shape and dtype"
+    )
     assert torch.all(torch.isfinite(out)), f"{name}: non-finite advantages"
     equal = torch.full((3, 5), 0.5, dtype=torch.float64)
     zeros = advantage(equal, torch.ones_like(equal))
     assert torch.all(zeros == 0), f"{name}: groups with equal rewards must get exactly zero advantage, got {zeros}"
     groups = [
-        [Rollout(example_id=p, env_id="e", group_id=p, prompt_ids=[1], completion_ids=[7] * int(n), completion_logprobs=[-0.5] * int(n),
-                 completion_mask=[1] * int(n), reward=float(r), is_truncated=False, policy_step=0, step_rewards=[float(r)], step_ends=[int(n) - 1])
-         for r, n in zip(rewards[p], lengths[p])]
+        [
+            Rollout(
+                example_id=p,
+                env_id="e",
+                group_id=p,
+                prompt_ids=[1],
+                completion_ids=[7] * int(n),
+                completion_logprobs=[-0.5] * int(n),
+                completion_mask=[1] * int(n),
+                reward=float(r),
+                is_truncated=False,
+                policy_step=0,
+                step_rewards=[float(r)],
+                step_ends=[int(n) - 1],
+            )
+            for r, n in zip(rewards[p], lengths[p])
+        ]
         for p in range(len(rewards))
     ]
     per_token = advantage.token_advantages(groups)
     expected = [[a] * int(n) for a, n in zip(out.flatten().tolist(), lengths.flatten().tolist())]
     assert len(per_token) == len(expected) and all(
-        len(got) == len(want) and all(abs(x - y) <= 1e-9 for x, y in zip(got, want)) for got, want in zip(per_token, expected)
-    ), f"{name}: token_advantages must give each rollout's advantage on each completion token when its one step spans the completion"
+        len(got) == len(want) and all(abs(x - y) <= 1e-9 for x, y in zip(got, want))
+        for got, want in zip(per_token, expected)
+    ), (
+        f"{name}: token_advantages must give each rollout's advantage "
+        "on each completion token when its one step spans the completion"
+    )
     assert advantage.token_advantages([]) == [], f"{name}: token_advantages([]) must be []"
 
 
@@ -137,13 +177,24 @@ def check_filter(flt: Filter) -> None:
     """One bool per rollout; an empty list gives an empty list."""
     name = type(flt).__name__
     rollouts = [
-        Rollout(example_id=i, env_id="e", group_id=0, prompt_ids=[1, 2], completion_ids=[3] * (i + 1),
-                completion_logprobs=[-0.5] * (i + 1), completion_mask=[1] * (i + 1), reward=0.0,
-                is_truncated=i % 2 == 1, policy_step=0)
+        Rollout(
+            example_id=i,
+            env_id="e",
+            group_id=0,
+            prompt_ids=[1, 2],
+            completion_ids=[3] * (i + 1),
+            completion_logprobs=[-0.5] * (i + 1),
+            completion_mask=[1] * (i + 1),
+            reward=0.0,
+            is_truncated=i % 2 == 1,
+            policy_step=0,
+        )
         for i in range(4)
     ]
     flags = flt.flag(rollouts)
-    assert len(flags) == len(rollouts) and all(isinstance(f, bool) for f in flags), f"{name}: flag() must return one bool per rollout"
+    assert len(flags) == len(rollouts) and all(isinstance(f, bool) for f in flags), (
+        f"{name}: flag() must return one bool per rollout"
+    )
     assert flt.flag([]) == [], f"{name}: flag([]) must be []"
 
 
@@ -152,27 +203,45 @@ def check_noise_scheduler(scheduler: NoiseScheduler) -> None:
     name = type(scheduler).__name__
     for max_steps in (1, 7, 100):
         sigmas = [scheduler.sigma(step, max_steps) for step in range(max_steps + 2)]
-        assert all(isinstance(s, float) and 0 <= s < float("inf") for s in sigmas), f"{name}: sigma must be a finite float >= 0, got {sigmas}"
-        assert sigmas == [scheduler.sigma(step, max_steps) for step in range(max_steps + 2)], f"{name}: sigma must be a pure function of (step, max_steps)"
+        assert all(isinstance(s, float) and 0 <= s < float("inf") for s in sigmas), (
+            f"{name}: sigma must be a finite float >= 0, got {sigmas}"
+        )
+        assert sigmas == [scheduler.sigma(step, max_steps) for step in range(max_steps + 2)], (
+            f"{name}: sigma must be a pure function of (step, max_steps)"
+        )
 
 
 def make_training_batch(step: int, tokens: int = 64) -> TrainingBatch:
     """A seeded TrainingBatch of two random micro-batches (for transport tests)."""
     g = torch.Generator().manual_seed(step)
-    return TrainingBatch(step=step, micro_batches=[_random_micro_batch(g, tokens), _random_micro_batch(g, max(tokens // 2, 1))], temperature=0.7, metrics={"reward": 0.25 * step})
+    return TrainingBatch(
+        step=step,
+        micro_batches=[_random_micro_batch(g, tokens), _random_micro_batch(g, max(tokens // 2, 1))],
+        temperature=0.7,
+        metrics={"reward": 0.25 * step},
+    )
 
 
 def _random_micro_batch(g: torch.Generator, tokens: int) -> MicroBatch:
     return MicroBatch(
-        input_ids_T=torch.randint(0, 1000, (tokens,), generator=g), position_ids_T=torch.arange(tokens),
-        loss_mask_T=torch.ones(tokens), advantages_T=torch.randn(tokens, generator=g),
-        inference_logprobs_T=-torch.rand(tokens, generator=g), seq_lens_N=torch.tensor([tokens]), is_truncated_N=torch.tensor([False]),
+        input_ids_T=torch.randint(0, 1000, (tokens,), generator=g),
+        position_ids_T=torch.arange(tokens),
+        loss_mask_T=torch.ones(tokens),
+        advantages_T=torch.randn(tokens, generator=g),
+        inference_logprobs_T=-torch.rand(tokens, generator=g),
+        seq_lens_N=torch.tensor([tokens]),
+        is_truncated_N=torch.tensor([False]),
     )
 
 
 def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
     """Equal step, temperature, metrics and every tensor of every micro-batch."""
-    assert (a.step, a.temperature, a.metrics, len(a.micro_batches)) == (b.step, b.temperature, b.metrics, len(b.micro_batches))
+    assert (a.step, a.temperature, a.metrics, len(a.micro_batches)) == (
+        b.step,
+        b.temperature,
+        b.metrics,
+        len(b.micro_batches),
+    )
     for x, y in zip(a.micro_batches, b.micro_batches):
         for name in vars(x):
             assert torch.equal(getattr(x, name), getattr(y, name)), name
@@ -201,19 +270,42 @@ def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, comman
 
     recipe = files("grpokit.recipes") / "reverse_text.yaml"
     return [
-        command, "--config", str(recipe), "--output_dir", str(output_dir), "--run_name", run_name,
-        "--model.model", model, "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
-        "--data.sampling.max_tokens", "8", "--data.seq_len", "128", "--data.filters", "[]",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *overrides,
+        command,
+        "--config",
+        str(recipe),
+        "--output_dir",
+        str(output_dir),
+        "--run_name",
+        run_name,
+        "--model.model",
+        model,
+        "--model.lora.rank",
+        "4",
+        "--data.batch_size",
+        "8",
+        "--data.rollouts_per_example",
+        "4",
+        "--data.sampling.max_tokens",
+        "8",
+        "--data.seq_len",
+        "128",
+        "--data.filters",
+        "[]",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        *overrides,
     ]
 
 
 class ScriptedServer:
     """An HTTP server on a real loopback socket that answers each POST with the next step of a script, for
     testing clients against a peer that misbehaves. Steps: a dict or list (a 200 answer with that JSON
-    body), bytes (a 200 answer with that raw body), "close" (the connection is dropped once the request is read), "half" (a 200 whose body stops halfway,
-    then the connection drops), "hang" (no answer until stop()). The last step repeats. `request_times`
-    holds the monotonic arrival time of every POST, `request_headers` its headers.
+    body), bytes (a 200 answer with that raw body), "close" (the connection is dropped once the request is
+    read), "half" (a 200 whose body stops halfway, then the connection drops), "hang" (no answer until
+    stop()). The last step repeats. `request_times` holds the monotonic arrival time of every POST,
+    `request_headers` its headers.
 
         with ScriptedServer(["close", {"choices": []}]) as server:
             RemoteEngine(base_url=server.url)

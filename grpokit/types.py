@@ -61,10 +61,19 @@ class Rollout:
                 f"({len(self.completion_logprobs)}) and completion_mask ({len(self.completion_mask)}) "
                 "must have the same length"
             )
-        if (self.step_rewards is None) != (self.step_ends is None) or len(self.step_rewards or []) != len(self.step_ends or []):
-            raise ValueError(f"rollout {self.example_id}: step_rewards and step_ends must both be None or have the same length")
-        if any(not 0 <= e < n for e in self.step_ends or []) or sorted(self.step_ends or []) != list(self.step_ends or []):
-            raise ValueError(f"rollout {self.example_id}: step_ends {self.step_ends} must ascend and index completion_ids (0..{n - 1})")
+        if (self.step_rewards is None) != (self.step_ends is None) or len(self.step_rewards or []) != len(
+            self.step_ends or []
+        ):
+            raise ValueError(
+                f"rollout {self.example_id}: step_rewards and step_ends must both be None or have the same length"
+            )
+        if any(not 0 <= e < n for e in self.step_ends or []) or sorted(self.step_ends or []) != list(
+            self.step_ends or []
+        ):
+            raise ValueError(
+                f"rollout {self.example_id}: step_ends {self.step_ends} "
+                f"must ascend and index completion_ids (0..{n - 1})"
+            )
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +119,9 @@ class MicroBatch:
 
     def seq_ids_T(self) -> torch.Tensor:
         """Index of the sequence each token belongs to."""
-        return torch.repeat_interleave(torch.arange(len(self.seq_lens_N), device=self.seq_lens_N.device), self.seq_lens_N)
+        return torch.repeat_interleave(
+            torch.arange(len(self.seq_lens_N), device=self.seq_lens_N.device), self.seq_lens_N
+        )
 
 
 @dataclass
@@ -178,9 +189,11 @@ class WeightUpdate:
         return {**self.tensors, **{NORMS_PREFIX + k: v for k, v in self.norm_tensors.items()}}
 
     @classmethod
-    def from_wire(cls, step: int, wire: dict[str, torch.Tensor], lora_config: dict | None = None, path: str | None = None) -> WeightUpdate:
+    def from_wire(
+        cls, step: int, wire: dict[str, torch.Tensor], lora_config: dict | None = None, path: str | None = None
+    ) -> WeightUpdate:
         """The inverse of wire_tensors."""
-        norms = {k[len(NORMS_PREFIX):]: v for k, v in wire.items() if k.startswith(NORMS_PREFIX)}
+        norms = {k[len(NORMS_PREFIX) :]: v for k, v in wire.items() if k.startswith(NORMS_PREFIX)}
         tensors = {k: v for k, v in wire.items() if not k.startswith(NORMS_PREFIX)}
         return cls(step=step, tensors=tensors, lora_config=lora_config, path=path, norm_tensors=norms)
 

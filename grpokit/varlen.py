@@ -23,7 +23,10 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     """transformers attention interface: query [1, H, T, D], key/value [1, Hkv, T, D] -> ([1, T, H, D], None)."""
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
-        raise ValueError(f"attention backend {NAME!r} needs cu_seq_lens_q (packed sequence boundaries); call it through grpokit.logprobs")
+        raise ValueError(
+            f"attention backend {NAME!r} needs cu_seq_lens_q (packed "
+            "sequence boundaries); call it through grpokit.logprobs"
+        )
     max_len = int(kwargs.get("max_length_q"))
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
     gqa = q.shape[1] != k.shape[1]
@@ -34,8 +37,12 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         bounds = cu_seqlens.tolist()
         for start, end in zip(bounds[:-1], bounds[1:]):
             o = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
-                is_causal=True, scale=scaling, enable_gqa=gqa,
+                q[start:end].transpose(0, 1),
+                k[start:end].transpose(0, 1),
+                v[start:end].transpose(0, 1),
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=gqa,
             )
             out[start:end] = o.transpose(0, 1)
     return out[None], None

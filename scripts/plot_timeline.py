@@ -1,6 +1,6 @@
 """Draw a run's timeline.jsonl: when the orchestrator (engine) and the trainer worked on each step.
 
-    python scripts/plot_timeline.py outputs/run_X docs/img/timeline.png [FIRST_STEPS]
+python scripts/plot_timeline.py outputs/run_X docs/img/timeline.png [FIRST_STEPS]
 """
 
 from __future__ import annotations

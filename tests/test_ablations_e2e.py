@@ -16,8 +16,23 @@ OVERLAYS = sorted((RECIPES / "ablations").glob("*.yaml"))
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.stem)
 def test_overlay_trains_on_tiny_model(overlay, tmp_path, tiny_model):
     # the overlay's --config follows the tiny sizes; the keys an overlay could touch are restated after it
-    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--config", str(overlay), "--model.model", tiny_model, "--model.lora.rank", "4",
-                         "--data.filters", "[]", "--trainer.max_steps", "2", "--ckpt.interval", "0")
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "r",
+        "--config",
+        str(overlay),
+        "--model.model",
+        tiny_model,
+        "--model.lora.rank",
+        "4",
+        "--data.filters",
+        "[]",
+        "--trainer.max_steps",
+        "2",
+        "--ckpt.interval",
+        "0",
+    )
     assert main(argv) == 0
     rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in rows] == [0, 1]

@@ -14,5 +14,7 @@ def test_move_data_to_device_moves_every_tensor_of_a_training_batch():
     tensors = [v for mb in moved.micro_batches for v in vars(mb).values() if isinstance(v, torch.Tensor)]
     assert tensors and all(t.device.type == "meta" for t in tensors)
     assert moved.step == batch.step and moved.metrics == batch.metrics and moved.temperature == batch.temperature
-    assert all(t.device.type == "cpu" for mb in batch.micro_batches for t in vars(mb).values() if isinstance(t, torch.Tensor))  # the original stays
+    assert all(
+        t.device.type == "cpu" for mb in batch.micro_batches for t in vars(mb).values() if isinstance(t, torch.Tensor)
+    )  # the original stays
     assert_same_batch(move_data_to_device(batch, torch.device("cpu")), batch)

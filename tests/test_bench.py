@@ -11,7 +11,26 @@ from grpokit.bench.cli import main
 
 def test_generate_bench_paths_agree_and_report(tmp_path):
     out = tmp_path / "g.json"
-    assert main(["generate", "--model", "tiny", "--device", "cpu", "--batch", "4", "--prompt-len", "8", "--new-tokens", "8", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                "tiny",
+                "--device",
+                "cpu",
+                "--batch",
+                "4",
+                "--prompt-len",
+                "8",
+                "--new-tokens",
+                "8",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     r = json.loads(out.read_text())
     assert r["grpokit"]["tokens_per_s"] > 0 and r["hf_generate"]["tokens_per_s"] > 0
     assert r["logprobs_vs_forward"]["max_abs_logprob_diff"] < 1e-4  # float32: the engine's logprobs are the model's
@@ -21,7 +40,23 @@ def test_generate_bench_paths_agree_and_report(tmp_path):
 
 def test_train_bench_paths_compute_the_same_logprobs(tmp_path):
     out = tmp_path / "t.json"
-    argv = ["train", "--model", "tiny", "--device", "cpu", "--tokens", "192", "--seq-len", "64", "--steps", "1", "--chunk-size", "50", "--json", str(out)]
+    argv = [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--tokens",
+        "192",
+        "--seq-len",
+        "64",
+        "--steps",
+        "1",
+        "--chunk-size",
+        "50",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert r["max_abs_logprob_diff_first_step"] < 1e-4  # varlen + chunked == dense mask + full logits
@@ -36,8 +71,27 @@ def test_train_bench_on_a_grpo_shaped_batch_shares_prompts_and_agrees_on_the_tra
     assert prefix_tree(ids, pos, lens).num_nodes == 2 * 16 + 8 * 8  # 2 groups of 4 sequences of 16 + 8 tokens
     assert torch.equal(mask, (pos >= 16).float())
     out = tmp_path / "t.json"
-    argv = ["train", "--model", "tiny", "--device", "cpu", "--tokens", "192", "--seq-len", "24", "--steps", "1", "--group-size", "4",
-            "--prompt-len", "16", "--variants", "grpokit_dense,grpokit,naive", "--json", str(out)]
+    argv = [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--tokens",
+        "192",
+        "--seq-len",
+        "24",
+        "--steps",
+        "1",
+        "--group-size",
+        "4",
+        "--prompt-len",
+        "16",
+        "--variants",
+        "grpokit_dense,grpokit,naive",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert (r["group_size"], r["prompt_len"]) == (4, 16)
@@ -86,8 +140,15 @@ def test_train_bench_step_is_the_policys_training_step(tmp_path):
         fit, fit_batch = policy_and_batch(folder)
     before = adapter(bench)
     bench.train_batch(batch, bench.make_optimizer())
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(fit, train_dataloaders=Stream([fit_batch]))
     after_bench, after_fit = adapter(bench), adapter(fit)
     assert any(not torch.equal(after_bench[k], before[k]) for k in before)  # the step trained the adapter

@@ -20,7 +20,9 @@ GSPO = "grpokit.registry.losses.gspo.GSPO"
 
 def parsed_gspo(eps_low=0.2, eps_high=0.28):
     """The parsed recipe after jsonargparse swapped ClippedPG for GSPO: the shared eps values carried over."""
-    return Namespace(model=Namespace(loss=Namespace(class_path=GSPO, init_args=Namespace(eps_low=eps_low, eps_high=eps_high))))
+    return Namespace(
+        model=Namespace(loss=Namespace(class_path=GSPO, init_args=Namespace(eps_low=eps_low, eps_high=eps_high)))
+    )
 
 
 @pytest.mark.parametrize(
@@ -34,7 +36,9 @@ def parsed_gspo(eps_low=0.2, eps_high=0.28):
 def test_a_swapped_loss_gets_its_own_defaults_except_what_follows_the_swap(after, expected, capsys):
     low = expected[0] if after else 0.2
     config = parsed_gspo(eps_low=low)
-    notes = reset_carried_init_args(["fit", "--config", RECIPE, "--config", CLIPPED_PG, "--model.loss", "GSPO", *after], config)
+    notes = reset_carried_init_args(
+        ["fit", "--config", RECIPE, "--config", CLIPPED_PG, "--model.loss", "GSPO", *after], config
+    )
     assert (config.model.loss.init_args.eps_low, config.model.loss.init_args.eps_high) == expected
     assert len(notes) == 1 and "model.loss: GSPO" in notes[0] and "eps_high 0.28 -> 0.0004" in notes[0]
     assert notes[0] in capsys.readouterr().err
@@ -47,9 +51,18 @@ def test_a_swap_inside_an_overlay_file_and_no_swap_at_all(tmp_path):
     reset_carried_init_args(["fit", "--config", CLIPPED_PG, "--config", str(overlay)], config)
     assert (config.model.loss.init_args.eps_low, config.model.loss.init_args.eps_high) == (3e-4, 5e-4)
 
-    engine = Namespace(inference=Namespace(class_path="grpokit.inference.vllm.VLLMEngine", init_args=Namespace(serve=Namespace(port=1), timeout=5.0)))
-    reset_carried_init_args(["fit", "--inference", "BuiltinEngine", "--inference", "VLLMEngine", "--inference.init_args.serve.port", "1"], engine)
-    assert engine.inference.init_args.serve == Namespace(port=1) and engine.inference.init_args.timeout == 600.0  # a nested key keeps its parent
+    engine = Namespace(
+        inference=Namespace(
+            class_path="grpokit.inference.vllm.VLLMEngine", init_args=Namespace(serve=Namespace(port=1), timeout=5.0)
+        )
+    )
+    reset_carried_init_args(
+        ["fit", "--inference", "BuiltinEngine", "--inference", "VLLMEngine", "--inference.init_args.serve.port", "1"],
+        engine,
+    )
+    assert (
+        engine.inference.init_args.serve == Namespace(port=1) and engine.inference.init_args.timeout == 600.0
+    )  # a nested key keeps its parent
 
     config = parsed_gspo()  # the same class named twice is no swap: nothing resets
     assert reset_carried_init_args(["fit", "--model.loss", "GSPO", "--model.loss", GSPO], config) == []
@@ -82,9 +95,25 @@ def test_a_misspelt_component_name_names_the_key_and_the_known_names(argv, messa
 
 
 def test_names_in_recipe_files_are_checked_and_good_ones_pass(tmp_path):
-    check_component_names(["fit", "--config", RECIPE, "--config", CLIPPED_PG, "--model.loss", "GSPO", "--data.advantage", "grpokit.registry.advantages.group_norm.GroupNorm"])
+    check_component_names(
+        [
+            "fit",
+            "--config",
+            RECIPE,
+            "--config",
+            CLIPPED_PG,
+            "--model.loss",
+            "GSPO",
+            "--data.advantage",
+            "grpokit.registry.advantages.group_norm.GroupNorm",
+        ]
+    )
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"data": {"filters": [{"class_path": "Overlong"}, {"class_path": "ZeroStd"}, {"class_path": "Typo"}]}}))
+    bad.write_text(
+        yaml.safe_dump(
+            {"data": {"filters": [{"class_path": "Overlong"}, {"class_path": "ZeroStd"}, {"class_path": "Typo"}]}}
+        )
+    )
     with pytest.raises(ValueError, match=f"data.filters: no filter is named 'Typo' \\(--config {bad}\\)"):
         check_component_names(["fit", "--config", str(bad)])
 
@@ -92,20 +121,43 @@ def test_names_in_recipe_files_are_checked_and_good_ones_pass(tmp_path):
 def test_the_command_line_lists_every_command_and_refuses_an_unknown_one():
     run = lambda *a: subprocess.run([sys.executable, "-m", "grpokit.cli", *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
     shown = run("--help")
-    assert shown.returncode == 0 and all(c in shown.stdout for c in ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep"))
+    assert shown.returncode == 0 and all(
+        c in shown.stdout for c in ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep")
+    )
     typo = run("trian")
     assert typo.returncode == 2 and "unknown command 'trian'" in typo.stderr
     bad = run("fit", "--config", RECIPE, "--model.loss", "AIPOO")
-    assert bad.returncode == 2 and "grpokit: error: model.loss: no loss is named 'AIPOO'" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "grpokit: error: model.loss: no loss is named 'AIPOO'" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
 
 
 def test_a_list_given_again_resets_each_swapped_element_and_appends_start_fresh(capsys):
     overlong = "grpokit.registry.filters.overlong.Overlong"
     zero_std = "grpokit.registry.filters.zero_std.ZeroStd"
     config = Namespace(data=Namespace(filters=[Namespace(class_path=zero_std, init_args=Namespace(enforce=True))]))
-    notes = reset_carried_init_args(["fit", "--config", RECIPE, "--data.filters", "[{class_path: ZeroStd}]"], config)  # the recipe's [0] is Overlong(enforce: true)
+    notes = reset_carried_init_args(
+        ["fit", "--config", RECIPE, "--data.filters", "[{class_path: ZeroStd}]"], config
+    )  # the recipe's [0] is Overlong(enforce: true)
     assert config.data.filters[0].init_args.enforce is False and "data.filters[0]: ZeroStd" in notes[0]
 
-    kept = Namespace(data=Namespace(filters=[Namespace(class_path=overlong, init_args=Namespace(enforce=True)), Namespace(class_path=zero_std, init_args=Namespace(enforce=True))]))
-    assert reset_carried_init_args(["fit", "--config", RECIPE, "--data.filters+={class_path: ZeroStd, init_args: {enforce: true}}"], kept) == []
-    assert [f.init_args.enforce for f in kept.data.filters] == [True, True]  # appended with its own settings; [0] untouched
+    kept = Namespace(
+        data=Namespace(
+            filters=[
+                Namespace(class_path=overlong, init_args=Namespace(enforce=True)),
+                Namespace(class_path=zero_std, init_args=Namespace(enforce=True)),
+            ]
+        )
+    )
+    assert (
+        reset_carried_init_args(
+            ["fit", "--config", RECIPE, "--data.filters+={class_path: ZeroStd, init_args: {enforce: true}}"], kept
+        )
+        == []
+    )
+    assert [f.init_args.enforce for f in kept.data.filters] == [
+        True,
+        True,
+    ]  # appended with its own settings; [0] untouched

@@ -10,15 +10,17 @@ import sys
 from pathlib import Path
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.components import components, discover
+from grpokit.testing import tiny_fit_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "custom-components.md").read_text()
 
 
 def tiny_fit(tmp_path, tiny_model, name, loss):
-    argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.loss", loss, "--trainer.max_steps", "2", "--ckpt.interval", "0")
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, name, "--model.loss", loss, "--trainer.max_steps", "2", "--ckpt.interval", "0"
+    )
     assert main(argv) == 0
     return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
 
@@ -38,9 +40,25 @@ def test_doc_example_by_class_path_then_entry_point(tmp_path, tiny_model, monkey
     (project / "my_lab").mkdir(parents=True)
     (project / "my_lab" / "__init__.py").write_text("")
     (project / "my_lab" / "losses.py").write_text(code)
-    (project / "pyproject.toml").write_text(re.search(r"```toml\n# my-lab/pyproject.toml\n(.*?)```", DOC, re.S).group(1))
+    (project / "pyproject.toml").write_text(
+        re.search(r"```toml\n# my-lab/pyproject.toml\n(.*?)```", DOC, re.S).group(1)
+    )
     installed = tmp_path / "installed"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(installed), str(project)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(installed),
+            str(project),
+        ],
+        check=True,
+    )
     monkeypatch.syspath_prepend(str(installed))
     shutil.rmtree(site)  # from here on, my_lab comes from the installed distribution
     for module in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:

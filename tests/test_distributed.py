@@ -20,7 +20,11 @@ from grpokit.testing import make_training_batch
 
 
 def test_rank_share_is_round_robin_and_covers_every_micro_batch_once():
-    mbs = make_training_batch(0).micro_batches + make_training_batch(1).micro_batches + make_training_batch(2).micro_batches[:1]
+    mbs = (
+        make_training_batch(0).micro_batches
+        + make_training_batch(1).micro_batches
+        + make_training_batch(2).micro_batches[:1]
+    )
     assert len(mbs) == 5
     shares = [rank_share(mbs, rank, 2) for rank in range(2)]
     ids = {id(mb): i for i, mb in enumerate(mbs)}
@@ -40,10 +44,17 @@ def test_a_rank_without_micro_batches_runs_a_zero_loss_stand_in():
 
 
 def test_fsdp_ranks_get_equal_shares_padded_with_stand_ins():
-    mbs = make_training_batch(0).micro_batches + make_training_batch(1).micro_batches + make_training_batch(2).micro_batches[:1]
+    mbs = (
+        make_training_batch(0).micro_batches
+        + make_training_batch(1).micro_batches
+        + make_training_batch(2).micro_batches[:1]
+    )
     ids = {id(mb): i for i, mb in enumerate(mbs)}
     shares = [rank_share(mbs, rank, 2, equal=True) for rank in range(2)]
-    assert [[ids.get(id(mb)) for mb, _ in s] for s in shares] == [[0, 2, 4], [1, 3, None]]  # every FSDP forward is a collective
+    assert [[ids.get(id(mb)) for mb, _ in s] for s in shares] == [
+        [0, 2, 4],
+        [1, 3, None],
+    ]  # every FSDP forward is a collective
     assert [[c for _, c in s] for s in shares] == [[True] * 3, [True, True, False]]
     assert not shares[1][2][0].loss_mask_T.any() and not shares[1][2][0].advantages_T.any()
     assert [len(rank_share(mbs, rank, 8, equal=True)) for rank in range(8)] == [1] * 8
@@ -57,14 +68,20 @@ def test_fsdp2_is_accepted_and_fsdp1_deepspeed_and_tensor_parallel_are_refused_w
 
     from grpokit.fsdp import FSDP2Strategy
 
-    check_trainer_processes(L.Trainer(strategy="fsdp2", devices=2, accelerator="cpu", logger=False), run_name_given=True)
+    check_trainer_processes(
+        L.Trainer(strategy="fsdp2", devices=2, accelerator="cpu", logger=False), run_name_given=True
+    )
     assert isinstance(L.Trainer(strategy="fsdp2", devices=2, accelerator="cpu", logger=False).strategy, FSDP2Strategy)
     with pytest.raises(ValueError, match="use trainer.strategy: fsdp2"):
         check_trainer_processes(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), run_name_given=True)
     with pytest.raises(ValueError, match="use trainer.strategy: fsdp2"):
-        check_trainer_processes(SimpleNamespace(strategy=ModelParallelStrategy(tensor_parallel_size=2), world_size=2), run_name_given=True)
+        check_trainer_processes(
+            SimpleNamespace(strategy=ModelParallelStrategy(tensor_parallel_size=2), world_size=2), run_name_given=True
+        )
     with pytest.raises(ValueError, match="DeepSpeed is not supported"):
-        check_trainer_processes(SimpleNamespace(strategy=DeepSpeedStrategy.__new__(DeepSpeedStrategy), world_size=2), run_name_given=True)
+        check_trainer_processes(
+            SimpleNamespace(strategy=DeepSpeedStrategy.__new__(DeepSpeedStrategy), world_size=2), run_name_given=True
+        )
 
 
 def test_fsdp2_refuses_policy_settings_it_cannot_shard():
@@ -80,7 +97,9 @@ def test_refuses_several_processes_without_run_name_or_with_spawned_ranks():
     with pytest.raises(ValueError, match="set --run_name"):
         check_trainer_processes(ddp, run_name_given=False)
     with pytest.raises(ValueError, match="trainer.strategy ddp_spawn"):
-        check_trainer_processes(L.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False), run_name_given=True)
+        check_trainer_processes(
+            L.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False), run_name_given=True
+        )
     check_trainer_processes(L.Trainer(devices=1, accelerator="cpu", logger=False), run_name_given=False)
 
 

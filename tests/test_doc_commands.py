@@ -19,7 +19,15 @@ from grpokit.sweep.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r"^grpokit (fit|train|infer|orchestrate)\s+--")  # not a diagram's "grpokit train ──"
-PLACEHOLDERS = ("MODEL_DIR", "r.yaml", "/path/to", "my_lab", "NAME", "...", "Reinforce")  # Reinforce: docs/custom-components.md's own package
+PLACEHOLDERS = (
+    "MODEL_DIR",
+    "r.yaml",
+    "/path/to",
+    "my_lab",
+    "NAME",
+    "...",
+    "Reinforce",
+)  # Reinforce: docs/custom-components.md's own package
 
 
 def documented_commands() -> list[tuple[str, str]]:

@@ -12,4 +12,6 @@ def test_components_md_is_current():
     discover()
     builtin = [c for c in components() if c.class_path.startswith("grpokit.")]
     expected = components_markdown(builtin)
-    assert (ROOT / "docs" / "components.md").read_text() == expected, "regenerate: grpokit registry list --builtin --markdown > docs/components.md"
+    assert (ROOT / "docs" / "components.md").read_text() == expected, (
+        "regenerate: grpokit registry list --builtin --markdown > docs/components.md"
+    )

@@ -9,7 +9,6 @@ from grpokit.cli import main
 from grpokit.testing import tiny_fit_argv
 
 
-
 def tiny_fit(tmp_path, tiny_model, name, *extra):
     argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.lr", "1e-3", "--trainer.max_steps", "3", *extra)
     assert main(argv) == 0
@@ -26,7 +25,19 @@ def test_tiny_fit_end_to_end(tmp_path, tiny_model):
     steps = step_rows(rows)
     assert [int(r["step"]) for r in steps] == [0, 1, 2]
     for r in steps:
-        for key in ("loss", "kl", "masked_frac", "tokens", "grad_norm", "reward", "reward_std", "seq_len", "token_mult_prob_error", "gen_time", "train_time"):
+        for key in (
+            "loss",
+            "kl",
+            "masked_frac",
+            "tokens",
+            "grad_norm",
+            "reward",
+            "reward_std",
+            "seq_len",
+            "token_mult_prob_error",
+            "gen_time",
+            "train_time",
+        ):
             assert r[key] != "", key
         assert float(r["off_policy_gap_max"]) <= 1  # max_async_level 1
     # the engine's logprobs match the trainer's before the first update
@@ -53,7 +64,9 @@ def test_a_step_with_every_rollout_masked_trains_nothing_and_says_so(tmp_path, t
     weights do not move, `loss_tokens` is 0, and a warning names the filter that masked them."""
     overlong = '[{"class_path": "Overlong", "init_args": {"enforce": true}}]'
     with caplog.at_level("WARNING", logger="grpokit.guards"):
-        run, rows = tiny_fit(tmp_path, tiny_model, "masked", "--data.sampling.max_tokens", "1", "--data.filters", overlong)
+        run, rows = tiny_fit(
+            tmp_path, tiny_model, "masked", "--data.sampling.max_tokens", "1", "--data.filters", overlong
+        )
     steps = step_rows(rows)
     assert [float(r["loss_tokens"]) for r in steps] == [0.0, 0.0, 0.0]
     assert [float(r["grad_norm"]) for r in steps] == [0.0, 0.0, 0.0]

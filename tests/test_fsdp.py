@@ -21,13 +21,18 @@ def free_port() -> int:
 
 def test_sharded_policy_publishes_what_the_unsharded_one_does(tmp_path, tiny_model):
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(tmp_path), tiny_model]) for rank in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(tmp_path), tiny_model])
+        for rank in range(2)
+    ]
     assert [p.wait(timeout=180) for p in procs] == [0, 0]
     got = [json.loads((tmp_path / f"rank_{rank}.json").read_text()) for rank in range(2)]
     reference, rank0, rank1 = got[0]["reference"], got[0]["sharded"], got[1]["sharded"]
     assert rank0 == reference  # full weights, adapter and noisy norms: the same bytes
     assert rank1["full"] == {"sha256": None, "count": 0}  # full weights are gathered onto rank 0 only
-    assert rank1["lora"] == reference["lora"] and rank1["norms"] == reference["norms"]  # adapter and norms on every rank
+    assert (
+        rank1["lora"] == reference["lora"] and rank1["norms"] == reference["norms"]
+    )  # adapter and norms on every rank
     assert got[0]["loaded"] and got[1]["loaded"]
     for rank in range(2):  # chunked logprobs (the CUDA default) run inside the sharded root's forward
         assert all(diff < 1e-5 for diff in got[rank]["chunked_diff"].values()), got[rank]["chunked_diff"]
@@ -52,7 +57,9 @@ def _chunked_logprobs_diff(plain, sharded) -> float:
         policy.lm.zero_grad(set_to_none=True)
     (lp_plain, g_plain), (lp_sharded, g_sharded) = out
     assert g_plain.keys() == g_sharded.keys() and g_plain
-    return max([float((lp_plain - lp_sharded).abs().max())] + [float((g_plain[n] - g_sharded[n]).abs().max()) for n in g_plain])
+    return max(
+        [float((lp_plain - lp_sharded).abs().max())] + [float((g_plain[n] - g_sharded[n]).abs().max()) for n in g_plain]
+    )
 
 
 def _summary(tensors: dict) -> dict:
@@ -91,7 +98,10 @@ def _rank_main(rank: int, port: int, out: Path, model: str) -> None:
         result["chunked_diff"][key] = _chunked_logprobs_diff(plain, sharded)
         expected, update = plain.weight_update(3), sharded.weight_update(3)
         result["reference"][key], result["sharded"][key] = _summary(expected.tensors), _summary(update.tensors)
-        result["reference"]["norms"], result["sharded"]["norms"] = _summary(expected.norm_tensors), _summary(update.norm_tensors)
+        result["reference"]["norms"], result["sharded"]["norms"] = (
+            _summary(expected.norm_tensors),
+            _summary(update.norm_tensors),
+        )
         if key == "full":  # load other full weights into the sharded model: every rank's shards change
             new = {k: v + 1.0 for k, v in plain.lm.state_dict().items()}
             load_full_state_dict(sharded.lm, new)

@@ -42,7 +42,13 @@ def test_engine_logprobs_match_trainer_and_greedy_is_argmax(tiny_model):
             for c in group:
                 ids = prompt + c.token_ids
                 with torch.no_grad():
-                    trainer = packed_token_logprobs(engine.model, torch.tensor(ids), torch.arange(len(ids)), torch.tensor([len(ids)]), temperature or 1.0)
+                    trainer = packed_token_logprobs(
+                        engine.model,
+                        torch.tensor(ids),
+                        torch.arange(len(ids)),
+                        torch.tensor([len(ids)]),
+                        temperature or 1.0,
+                    )
                 mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(c.token_ids))
                 infer = torch.tensor([0.0] * len(prompt) + c.logprobs)
                 err = mismatch_metrics(trainer, infer, mask)["token_mult_prob_error"]
@@ -66,7 +72,9 @@ def test_packed_entropy_matches_full_softmax(tiny_model):
     ids = torch.tensor([5, 17, 300, 2, 9, 8, 7])
     pos = torch.tensor([0, 1, 2, 3, 0, 1, 2])
     with torch.no_grad():
-        logprobs, entropy = packed_token_logprobs(model, ids, pos, torch.tensor([4, 3]), temperature=0.7, with_entropy=True)
+        logprobs, entropy = packed_token_logprobs(
+            model, ids, pos, torch.tensor([4, 3]), temperature=0.7, with_entropy=True
+        )
         logits = model(input_ids=ids[None, :4]).logits[0].double() / 0.7
     p = torch.softmax(logits, -1)
     expected = -(p * torch.log(p)).sum(-1)  # entropy of the prediction made at each position

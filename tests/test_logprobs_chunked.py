@@ -80,7 +80,9 @@ def test_only_the_needed_tokens_get_logprobs_with_the_full_paths_values_and_grad
 
     def run(**kwargs):
         model.zero_grad()
-        lp, ent = packed_token_logprobs(model, ids, pos, lens, temperature=0.7, with_entropy=True, chunk_size=chunk_size, **kwargs)
+        lp, ent = packed_token_logprobs(
+            model, ids, pos, lens, temperature=0.7, with_entropy=True, chunk_size=chunk_size, **kwargs
+        )
         mask_T = needed_T & (pos != 0)
         ((lp * weights_T * mask_T).sum() + 0.3 * (ent * mask_T).sum()).backward()
         return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -100,6 +102,8 @@ def test_no_needed_token_still_runs_the_model(model):
     """A micro-batch without loss tokens (a rank's zero-loss stand-in) gives zeros and a gradient path."""
     ids, pos, lens = packed_batch(model.config.vocab_size)
     for chunk_size in (0, 4):
-        lp = packed_token_logprobs(model, ids, pos, lens, chunk_size=chunk_size, needed_T=torch.zeros(len(ids), dtype=torch.bool))
+        lp = packed_token_logprobs(
+            model, ids, pos, lens, chunk_size=chunk_size, needed_T=torch.zeros(len(ids), dtype=torch.bool)
+        )
         assert lp.shape == ids.shape and lp.abs().max() == 0 and lp.requires_grad
         (lp.sum() * 0).backward()

@@ -3,7 +3,14 @@ of the GPU it leaves a co-located vLLM server."""
 
 import pytest
 
-from grpokit.memory import GIB, ModelShape, colocated_gpu_memory_utilization, model_shape, policy_trainer_bytes, trainer_bytes
+from grpokit.memory import (
+    GIB,
+    ModelShape,
+    colocated_gpu_memory_utilization,
+    model_shape,
+    policy_trainer_bytes,
+    trainer_bytes,
+)
 
 
 def test_model_shape_of_the_tiny_llama(tiny_model):
@@ -30,7 +37,16 @@ def test_lora_terms_by_hand():
 
 def test_full_fine_tuning_checkpointing_chunking_8bit_and_reference_by_hand():
     shape = ModelShape(params=1_000_000, layers=4, hidden=256, vocab=1000)
-    terms = trainer_bytes(shape, tokens=512, dtype_bytes=2, lora=False, optimizer="adamw_8bit", gradient_checkpointing=True, logprob_chunk_size=128, reference_copy=True)
+    terms = trainer_bytes(
+        shape,
+        tokens=512,
+        dtype_bytes=2,
+        lora=False,
+        optimizer="adamw_8bit",
+        gradient_checkpointing=True,
+        logprob_chunk_size=128,
+        reference_copy=True,
+    )
     assert terms["weights"] == 2 * 1_000_000 * 2  # the trained weights and the frozen reference copy
     assert terms["trainable"] == 0  # counted in weights
     assert terms["gradients"] == 1_000_000 * 2 and terms["optimizer"] == 1_000_000 * 2

@@ -45,5 +45,8 @@ def test_weighted_mean_by_loss_tokens():
 
 
 def test_weighted_mean_counts_only_the_micro_batches_reporting_a_metric():
-    out = weighted_mean([{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, {"a": torch.tensor(4.0)}, {"a": torch.tensor(0.0)}], [3.0, 1.0, 0.0])
+    out = weighted_mean(
+        [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, {"a": torch.tensor(4.0)}, {"a": torch.tensor(0.0)}],
+        [3.0, 1.0, 0.0],
+    )
     assert out == pytest.approx({"a": 7 / 4, "b": 2.0})

@@ -16,8 +16,16 @@ def tiny_qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=32, max_position_embeddings=64)
+    config = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=64,
+    )
     return Qwen3ForCausalLM(config)
 
 
@@ -50,7 +58,7 @@ def test_noise_goes_to_a_copy_and_the_clean_weights_stay_bitwise():
     diff = torch.cat([(noisy[k] - clean[k].detach()).flatten() for k in noisy])
     assert diff.abs().max() > 0
     assert diff.std().item() == pytest.approx(1e-2, rel=0.15)  # 2*(2*64 + 2*32) + 64 = 448 draws
-    assert abs(diff.mean().item()) < 3 * 1e-2 / 448 ** 0.5 + 1e-4
+    assert abs(diff.mean().item()) < 3 * 1e-2 / 448**0.5 + 1e-4
 
 
 def test_sigma_zero_returns_the_clean_values_exactly():
@@ -64,7 +72,11 @@ def test_same_seed_and_step_reproduce_and_each_step_gets_fresh_noise():
     a, b = noisy_norms(clean, 1e-2, seed=7, step=4), noisy_norms(clean, 1e-2, seed=7, step=4)
     assert all(torch.equal(a[k], b[k]) for k in a)
     noise = lambda u: torch.cat([(u[k] - clean[k].detach()).flatten() for k in sorted(u)])  # noqa: E731
-    z4, z5, z4_other_seed = noise(a), noise(noisy_norms(clean, 1e-2, seed=7, step=5)), noise(noisy_norms(clean, 1e-2, seed=8, step=4))
+    z4, z5, z4_other_seed = (
+        noise(a),
+        noise(noisy_norms(clean, 1e-2, seed=7, step=5)),
+        noise(noisy_norms(clean, 1e-2, seed=8, step=4)),
+    )
     for other in (z5, z4_other_seed):
         assert not torch.equal(z4, other)
         assert abs(torch.corrcoef(torch.stack([z4, other]))[0, 1].item()) < 0.2  # independent draws, 448 each

@@ -12,9 +12,13 @@ from grpokit.normalization import check_normalization, normalize, token_mean
 def make_inputs(mask, seq_ids, **kw):
     mask_t = torch.tensor(mask, dtype=torch.float64)
     return LossInputs(
-        trainer_logprobs_T=torch.zeros(len(mask), dtype=torch.float64), inference_logprobs_T=torch.zeros(len(mask), dtype=torch.float64),
-        advantages_T=torch.zeros(len(mask), dtype=torch.float64), loss_mask_T=mask_t, seq_ids_T=torch.tensor(seq_ids),
-        num_seqs=max(seq_ids) + 1, **{"loss_normalizer": float(mask_t.sum().clamp(min=1)), **kw},
+        trainer_logprobs_T=torch.zeros(len(mask), dtype=torch.float64),
+        inference_logprobs_T=torch.zeros(len(mask), dtype=torch.float64),
+        advantages_T=torch.zeros(len(mask), dtype=torch.float64),
+        loss_mask_T=mask_t,
+        seq_ids_T=torch.tensor(seq_ids),
+        num_seqs=max(seq_ids) + 1,
+        **{"loss_normalizer": float(mask_t.sum().clamp(min=1)), **kw},
     )
 
 

@@ -1,7 +1,8 @@
 """Every package folder is listed in pyproject.toml (package-dir maps registry/, envs/, recipes/)."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -65,13 +65,17 @@ def test_logprobs_entropies_and_gradients_through_the_tree_equal_the_packed_rows
 
     def run(share: bool):
         model.zero_grad()
-        lp, ent = packed_token_logprobs(model, ids, pos, lens, 0.7, with_entropy=True, chunk_size=chunk_size, needed_T=needed, share_prefixes=share)
+        lp, ent = packed_token_logprobs(
+            model, ids, pos, lens, 0.7, with_entropy=True, chunk_size=chunk_size, needed_T=needed, share_prefixes=share
+        )
         ((lp * weights_T).sum() + 0.3 * ent.sum()).backward()
         return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     lp, ent, grads = run(False)
     lp_tree, ent_tree, grads_tree = run(True)
-    assert prefix_tree(ids, pos, lens).num_nodes == 6 + 2 + 1 + 2 * 6 + 4  # system, the users' turns, 6 completion nodes per user, the other (of 55 tokens)
+    assert (
+        prefix_tree(ids, pos, lens).num_nodes == 6 + 2 + 1 + 2 * 6 + 4
+    )  # system, the users' turns, 6 completion nodes per user, the other (of 55 tokens)
     torch.testing.assert_close(lp_tree, lp, atol=1e-10, rtol=0)
     torch.testing.assert_close(ent_tree, ent, atol=1e-10, rtol=0)
     assert lp[needed & (pos > 0)].abs().min() > 0 and lp[~needed].abs().max() == 0

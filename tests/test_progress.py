@@ -28,12 +28,19 @@ class Endless(L.LightningModule):
             def __iter__(self):
                 while True:
                     yield torch.ones(2)
+
         return torch.utils.data.DataLoader(Stream(), batch_size=1)
 
 
 def fit(tmp_path, bar, max_steps, ckpt_path=None):
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, callbacks=[bar], default_root_dir=tmp_path,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[bar],
+        default_root_dir=tmp_path,
+        enable_model_summary=False,
+    )
     trainer.fit(Endless(), ckpt_path=ckpt_path)
     return trainer
 
@@ -54,10 +61,12 @@ def test_counts_steps_out_of_max_steps_and_resumes(tmp_path, make):
     assert (count, total) == (3, 3)
     ckpt = first.checkpoint_callback.best_model_path
     resumed = fit(tmp_path, make(), max_steps=5, ckpt_path=ckpt)
-    assert shown(resumed.progress_bar_callback)[1:] == (5, 5)   # counts from the checkpoint's step 3, not from 0
+    assert shown(resumed.progress_bar_callback)[1:] == (5, 5)  # counts from the checkpoint's step 3, not from 0
 
 
-@pytest.mark.parametrize("default, twin", [(RichProgressBar, StepRichProgressBar), (TQDMProgressBar, StepTQDMProgressBar)])
+@pytest.mark.parametrize(
+    "default, twin", [(RichProgressBar, StepRichProgressBar), (TQDMProgressBar, StepTQDMProgressBar)]
+)
 def test_replaces_only_lightnings_default_bar(default, twin):
     trainer = L.Trainer(max_steps=1, callbacks=[default(leave=True)], logger=False)
     use_step_progress_bar(trainer)
@@ -68,4 +77,4 @@ def test_replaces_only_lightnings_default_bar(default, twin):
 
     trainer = L.Trainer(max_steps=1, callbacks=[Own()], logger=False)
     use_step_progress_bar(trainer)
-    assert type(trainer.progress_bar_callback) is Own   # a recipe's own bar is left alone
+    assert type(trainer.progress_bar_callback) is Own  # a recipe's own bar is left alone

@@ -23,8 +23,17 @@ def noise_std(noisy: dict, clean: dict) -> float:
 
 
 def test_qerl_noise_reaches_the_engine_and_only_the_engine(tmp_path, tiny_model):
-    argv = tiny_fit_argv(tmp_path, tiny_model, "qerl", "--trainer.max_steps", str(MAX_STEPS), "--data.max_async_level", "0",
-                         "--model.noise_scheduler", "QeRL")
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "qerl",
+        "--trainer.max_steps",
+        str(MAX_STEPS),
+        "--data.max_async_level",
+        "0",
+        "--model.noise_scheduler",
+        "QeRL",
+    )
     cli = make_cli(argv)
     schedule = [QeRL().sigma(step, MAX_STEPS) for step in range(MAX_STEPS + 1)]
     assert schedule[0] == 0 and all(s > 0 for s in schedule[1:])
@@ -41,9 +50,13 @@ def test_qerl_noise_reaches_the_engine_and_only_the_engine(tmp_path, tiny_model)
     engine = cli.config_init["fit"]["inference"]
     assert engine.weight_step == MAX_STEPS - 1  # synchronous: the last batch was sampled with step-2 weights
     engine_norms = norm_weights(engine.model)
-    assert noise_std(engine_norms, trainer) == pytest.approx(schedule[MAX_STEPS - 1], rel=0.15)  # 5 norms x 64 = 320 draws
+    assert noise_std(engine_norms, trainer) == pytest.approx(
+        schedule[MAX_STEPS - 1], rel=0.15
+    )  # 5 norms x 64 = 320 draws
     published = load_file(tmp_path / "qerl" / "broadcasts" / f"step_{MAX_STEPS - 1}" / NORMS_FILE)
-    assert all(torch.equal(engine_norms[k].cpu(), published[k]) for k in published)  # the engine loaded exactly what was pushed
+    assert all(
+        torch.equal(engine_norms[k].cpu(), published[k]) for k in published
+    )  # the engine loaded exactly what was pushed
 
     for step in range(1, MAX_STEPS + 1):  # every kept push: fresh noise of its stage's sigma on the clean weights
         noisy = load_file(tmp_path / "qerl" / "broadcasts" / f"step_{step}" / NORMS_FILE)

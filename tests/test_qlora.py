@@ -21,10 +21,19 @@ def test_nf4_needs_lora():
 
 
 def test_missing_bitsandbytes_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` now fails, as where it is not installed
-    with pytest.raises(ImportError, match=r"model.quantization: nf4 needs bitsandbytes.*pip install grpokit\[qlora\].*drop model.quantization"):
+    monkeypatch.setitem(
+        sys.modules, "bitsandbytes", None
+    )  # `import bitsandbytes` now fails, as where it is not installed
+    with pytest.raises(
+        ImportError,
+        match=r"model.quantization: nf4 needs bitsandbytes.*pip install grpokit\[qlora\].*drop model.quantization",
+    ):
         Policy(model="unused", lora=LoraSettings(), quantization="nf4")
-    with pytest.raises(ImportError, match=r"model.optimizer: adamw_8bit needs bitsandbytes.*pip install grpokit\[qlora\].*use model.optimizer: adamw"):
+    with pytest.raises(
+        ImportError,
+        match=r"model.optimizer: adamw_8bit needs bitsandbytes.*pip "
+        r"install grpokit\[qlora\].*use model.optimizer: adamw",
+    ):
         Policy(model="unused", optimizer="adamw_8bit")
 
 
@@ -45,7 +54,7 @@ def test_nf4_and_adamw_8bit_run_on_this_cpu():
     opt = build_optimizer("adamw_8bit", [p], lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
     assert isinstance(opt, bnb.optim.AdamW8bit)
     before = p.detach().clone()
-    (p ** 2).sum().backward()
+    (p**2).sum().backward()
     opt.step()
     assert opt.state[p]["state1"].dtype == torch.uint8  # the moments really are 8-bit
     assert (p.detach() - before).abs().max() > 0
@@ -53,15 +62,30 @@ def test_nf4_and_adamw_8bit_run_on_this_cpu():
 
 def test_tiny_qlora_fit_with_8bit_adamw_trains(tmp_path, tiny_model):
     bnb = pytest.importorskip("bitsandbytes")
-    argv = tiny_fit_argv(tmp_path, tiny_model, "qlora", "--trainer.max_steps", "2", "--model.lr", "1e-2",
-                         "--model.quantization", "nf4", "--model.optimizer", "adamw_8bit")
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "qlora",
+        "--trainer.max_steps",
+        "2",
+        "--model.lr",
+        "1e-2",
+        "--model.quantization",
+        "nf4",
+        "--model.optimizer",
+        "adamw_8bit",
+    )
     cli = make_cli(argv)
     lm = cli.model.lm
     linear4bit = [m for m in lm.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    assert linear4bit and all(m.weight.dtype == torch.uint8 and m.weight.quant_state.quant_type == "nf4" for m in linear4bit)
+    assert linear4bit and all(
+        m.weight.dtype == torch.uint8 and m.weight.quant_state.quant_type == "nf4" for m in linear4bit
+    )
     assert isinstance(cli.trainer.optimizers[0], bnb.optim.AdamW8bit)
     lora_b = [p for n, p in lm.named_parameters() if "lora_B" in n]
-    assert lora_b and all(p.requires_grad for p in lora_b) and any(p.abs().max() > 0 for p in lora_b)  # B starts at 0: it was trained
+    assert (
+        lora_b and all(p.requires_grad for p in lora_b) and any(p.abs().max() > 0 for p in lora_b)
+    )  # B starts at 0: it was trained
     assert not any(p.requires_grad for n, p in lm.named_parameters() if "lora_" not in n)  # the 4-bit base stays frozen
     rows = [r for r in csv.DictReader(open(tmp_path / "qlora" / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in rows] == [0, 1]

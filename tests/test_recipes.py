@@ -39,11 +39,26 @@ def test_unknown_key_names_the_key(tmp_path, capsys):
 
 def test_wrong_type_names_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        make_cli(["--config", str(RECIPES / "reverse_text.yaml"), "--output_dir", str(tmp_path), "--data.batch_size", "many"], run=False)
+        make_cli(
+            [
+                "--config",
+                str(RECIPES / "reverse_text.yaml"),
+                "--output_dir",
+                str(tmp_path),
+                "--data.batch_size",
+                "many",
+            ],
+            run=False,
+        )
     err = capsys.readouterr().err
     assert "batch_size" in err and "many" in err
 
 
 def test_impossible_batch_arithmetic_gives_the_formula(tmp_path):
-    with pytest.raises(ValueError, match=r"batch_size \(30\) must be a positive multiple of data.rollouts_per_example \(8\)"):
-        make_cli(["--config", str(RECIPES / "reverse_text.yaml"), "--output_dir", str(tmp_path), "--data.batch_size", "30"], run=False)
+    with pytest.raises(
+        ValueError, match=r"batch_size \(30\) must be a positive multiple of data.rollouts_per_example \(8\)"
+    ):
+        make_cli(
+            ["--config", str(RECIPES / "reverse_text.yaml"), "--output_dir", str(tmp_path), "--data.batch_size", "30"],
+            run=False,
+        )

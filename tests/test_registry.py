@@ -7,10 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from grpokit.cli import main, make_cli
-from grpokit.components import clashes, components, discover
+from grpokit.components import components, discover
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "reverse_text.yaml")
@@ -32,7 +30,9 @@ def test_list_shows_builtins(capsys):
 
 def test_short_name_and_class_path_resolve_to_the_same_class(tmp_path):
     short = build(tmp_path, "--model.loss", "AIPO")
-    full = build(tmp_path, "--model.loss", "grpokit.registry.losses.aipo.AIPO", "--model.loss.init_args.token_mask_high", "4")
+    full = build(
+        tmp_path, "--model.loss", "grpokit.registry.losses.aipo.AIPO", "--model.loss.init_args.token_mask_high", "4"
+    )
     assert type(short.model.loss) is type(full.model.loss)
     assert full.model.loss.token_mask_high == 4.0
 
@@ -44,7 +44,10 @@ def make_package(site, name, source):
 
 def test_ambiguous_short_name_names_both_class_paths(tmp_path):
     # In a subprocess: a second GroupNorm subclass must not leak into the other tests of this session.
-    make_package(tmp_path / "site", "other_lab", """
+    make_package(
+        tmp_path / "site",
+        "other_lab",
+        """
         from grpokit.advantage import Advantage
 
         class GroupNorm(Advantage):
@@ -52,7 +55,8 @@ def test_ambiguous_short_name_names_both_class_paths(tmp_path):
 
             def __call__(self, rewards_PG, lengths_PG):
                 return rewards_PG
-    """)
+    """,
+    )
     script = (
         "import other_lab, sys\n"
         "from grpokit.components import clashes, components, discover\n"
@@ -62,7 +66,9 @@ def test_ambiguous_short_name_names_both_class_paths(tmp_path):
         f"main(['fit', '--config', {RECIPE!r}, '--output_dir', {str(tmp_path)!r}, '--print_config'])\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert result.returncode != 0
     both = ("other_lab.GroupNorm", "grpokit.registry.advantages.group_norm.GroupNorm")
     assert all(p in result.stdout for p in both), result.stdout  # grpokit registry's clash report
@@ -71,7 +77,10 @@ def test_ambiguous_short_name_names_both_class_paths(tmp_path):
 
 def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
     site = tmp_path / "site"
-    make_package(site, "lab_plugin", '''
+    make_package(
+        site,
+        "lab_plugin",
+        '''
         from grpokit.advantage import Advantage
 
         class CenteredOnly(Advantage):
@@ -79,7 +88,8 @@ def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
 
             def __call__(self, rewards_PG, lengths_PG):
                 return rewards_PG - rewards_PG.mean(-1, keepdim=True)
-    ''')
+    ''',
+    )
     dist = site / "lab_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-plugin\nVersion: 0.1\n")

@@ -15,7 +15,9 @@ MAX_STEPS = 12
 
 
 def argv(tmp_path, tiny_model, name, *extra):
-    return tiny_fit_argv(tmp_path, tiny_model, name, "--trainer.max_steps", str(MAX_STEPS), "--ckpt.interval", "2", *extra)
+    return tiny_fit_argv(
+        tmp_path, tiny_model, name, "--trainer.max_steps", str(MAX_STEPS), "--ckpt.interval", "2", *extra
+    )
 
 
 def prompts_per_step(run: Path) -> dict[int, list[int]]:
@@ -30,7 +32,11 @@ def prompts_per_step(run: Path) -> dict[int, list[int]]:
 
 def test_sigkill_then_resume_continues_without_gaps_or_repeats(tmp_path, tiny_model):
     run = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", *argv(tmp_path, tiny_model, "killed")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit.cli", *argv(tmp_path, tiny_model, "killed")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "step_4.ckpt").exists():
         assert proc.poll() is None, "fit ended before it could be killed"

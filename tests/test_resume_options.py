@@ -18,8 +18,20 @@ ENVS = '[{"id": "reverse-text", "args": {"num_tasks": 2}}, {"id": "arithmetic", 
 
 def fit(tmp_path, tiny_model, *overrides):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "run", "--data.env", ENVS, "--data.buffer.hard_threshold", "0.0", "--data.eval", "null",
-        "--data.num_logged_samples", "100", "--ckpt.interval", "2", *overrides,
+        tmp_path,
+        tiny_model,
+        "run",
+        "--data.env",
+        ENVS,
+        "--data.buffer.hard_threshold",
+        "0.0",
+        "--data.eval",
+        "null",
+        "--data.num_logged_samples",
+        "100",
+        "--ckpt.interval",
+        "2",
+        *overrides,
     )
     assert main(argv) == 0
     run = tmp_path / "run"
@@ -37,17 +49,27 @@ def test_skip_progress_then_skip_buffer(tmp_path, tiny_model):
     assert sorted(m["key"] for m in read_log(run / "buffer.jsonl")) == ["arithmetic/0", "arithmetic/1"]
 
     # skip_progress: count from 0 with the weights of step 2, the hard pool kept, the old files archived
-    steps, samples = fit(tmp_path, tiny_model, "--trainer.max_steps", "1", "--ckpt.resume_step", "-1", "--ckpt.skip_progress", "true")
+    steps, samples = fit(
+        tmp_path, tiny_model, "--trainer.max_steps", "1", "--ckpt.resume_step", "-1", "--ckpt.skip_progress", "true"
+    )
     (archive,) = (run / "archive").iterdir()
-    assert steps == [0] and (archive / "checkpoints" / "step_2.ckpt").exists() and (run / "checkpoints" / "step_1.ckpt").exists()
+    assert (
+        steps == [0]
+        and (archive / "checkpoints" / "step_2.ckpt").exists()
+        and (run / "checkpoints" / "step_1.ckpt").exists()
+    )
     old, new = adapter(archive / "broadcasts" / "step_2"), adapter(run / "broadcasts" / "step_0")
     assert all((old[k] == new[k]).all() for k in old)  # step 0 of the new count samples with step 2's weights
-    assert any((old[k] != adapter(archive / "broadcasts" / "step_0")[k]).any() for k in old)  # which training had changed
+    assert any(
+        (old[k] != adapter(archive / "broadcasts" / "step_0")[k]).any() for k in old
+    )  # which training had changed
     assert {s["env"] for s in samples} == {"reverse-text"}  # the restored hard pool: arithmetic is not sampled
     assert [m["generation"] for m in read_log(run / "buffer.jsonl")] == [-1, -1]
 
     # skip_buffer: a plain resume (step 1 of the new count) with empty pools
-    steps, samples = fit(tmp_path, tiny_model, "--trainer.max_steps", "2", "--ckpt.resume_step", "-1", "--ckpt.skip_buffer", "true")
+    steps, samples = fit(
+        tmp_path, tiny_model, "--trainer.max_steps", "2", "--ckpt.resume_step", "-1", "--ckpt.skip_buffer", "true"
+    )
     assert steps == [0, 1] and all(m["generation"] >= 1 for m in read_log(run / "buffer.jsonl"))
 
 

@@ -20,12 +20,24 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("grpokit", "registry", "envs") for p in (REPO / folder).rglob("*.py"))
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 UNPICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
-PICKLING_CALLS = {"broadcast_object_list", "scatter_object_list", "gather_object", "all_gather_object", "send_object_list", "recv_object_list", "unsafe_load", "full_load"}
+PICKLING_CALLS = {
+    "broadcast_object_list",
+    "scatter_object_list",
+    "gather_object",
+    "all_gather_object",
+    "send_object_list",
+    "recv_object_list",
+    "unsafe_load",
+    "full_load",
+}
 ENV_VARS = {
-    "PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI", "GRPOKIT_CACHE": "where converted models are cached",
+    "PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI",
+    "GRPOKIT_CACHE": "where converted models are cached",
     "GRPOKIT_TRACEBACK": "show the traceback of a start-up error (grpokit.cli.entry)",
     "JSONARGPARSE_DEBUG": "jsonargparse's debug mode: its own parse errors, not grpokit.cli_errors' short ones",
-    "RANK": "torchrun's global rank", "LOCAL_RANK": "the launcher's local rank", "NODE_RANK": "the launcher's node rank",
+    "RANK": "torchrun's global rank",
+    "LOCAL_RANK": "the launcher's local rank",
+    "NODE_RANK": "the launcher's node rank",
 }
 SECRET_ARG = re.compile(r"(^|_)(api_?key|secret|password|passwd|auth_?token|bearer)$", re.IGNORECASE)
 
@@ -53,12 +65,27 @@ def test_sockets_bind_loopback_unless_host_is_set():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args.args + node.args.kwonlyargs
-                defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults + node.args.kw_defaults
-                found += [(path, a.arg, d) for a, d in zip(args, defaults) if a.arg in ("host", "bind_host") and d is not None]
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "host" and node.value is not None:
+                defaults = (
+                    [None] * (len(node.args.args) - len(node.args.defaults))
+                    + node.args.defaults
+                    + node.args.kw_defaults
+                )
+                found += [
+                    (path, a.arg, d) for a, d in zip(args, defaults) if a.arg in ("host", "bind_host") and d is not None
+                ]
+            elif (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id == "host"
+                and node.value is not None
+            ):
                 found += [(path, "host", node.value)]
     assert found, "no host settings found: the scan is broken"
-    exposed = [(str(p), name, ast.unparse(d)) for p, name, d in found if not (isinstance(d, ast.Constant) and d.value in LOOPBACK)]
+    exposed = [
+        (str(p), name, ast.unparse(d))
+        for p, name, d in found
+        if not (isinstance(d, ast.Constant) and d.value in LOOPBACK)
+    ]
     assert not exposed, f"these default to a non-loopback address: {exposed}"
     for recipe in (REPO / "recipes").rglob("*.yaml"):
         hosts = re.findall(r"^\s*host:\s*(\S+)", recipe.read_text(), re.MULTILINE)
@@ -70,7 +97,9 @@ def test_nothing_is_unpickled():
     for path, tree in trees():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                names = [a.name for a in node.names] + (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                )
                 problems += [f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in UNPICKLERS]
         for node, name, text in calls(tree):
             only_weights = keyword(node, "weights_only")
@@ -86,7 +115,7 @@ def test_nothing_is_unpickled():
 def test_no_string_is_executed_as_code():
     problems = []
     for path, tree in trees():
-        for node, name, text in calls(tree):
+        for node, _name, text in calls(tree):
             if text in ("eval", "exec", "compile", "__import__", "os.system", "os.popen"):
                 problems.append(f"{path}:{node.lineno} {text}()")
             shell = keyword(node, "shell")
@@ -100,15 +129,24 @@ def test_secrets_come_only_from_environment_variables_named_in_the_recipe():
     for path, tree in trees():
         for node in ast.walk(tree):
             if isinstance(node, ast.arg) and SECRET_ARG.search(node.arg):
-                problems.append(f"{path}:{node.lineno} takes a secret as argument {node.arg!r}: take the name of an environment variable (`{node.arg}_var`)")
-        for node, name, text in calls(tree):
+                problems.append(
+                    f"{path}:{node.lineno} takes a secret as argument {node.arg!r}: "
+                    f"take the name of an environment variable (`{node.arg}_var`)"
+                )
+        for node, _name, text in calls(tree):
             if text in ("os.environ.get", "os.getenv"):
                 problems += env_read_problem(path, node, node.args[0] if node.args else None)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" and isinstance(node.ctx, ast.Load):
+            if (
+                isinstance(node, ast.Subscript)
+                and ast.unparse(node.value) == "os.environ"
+                and isinstance(node.ctx, ast.Load)
+            ):
                 problems += env_read_problem(path, node, node.slice)
     for recipe in (REPO / "recipes").rglob("*.yaml"):
-        problems += [f"{recipe.name}: {key}" for key in yaml_keys(yaml.safe_load(recipe.read_text())) if SECRET_ARG.search(key)]
+        problems += [
+            f"{recipe.name}: {key}" for key in yaml_keys(yaml.safe_load(recipe.read_text())) if SECRET_ARG.search(key)
+        ]
     assert not problems, problems
 
 
@@ -134,10 +172,14 @@ def test_the_api_key_is_read_from_the_named_variable_and_sent_only_as_a_bearer_t
     with pytest.raises(ValueError, match=r"inference.init_args.api_key_var names \$GRPOKIT_TEST_KEY, which is not set"):
         RemoteEngine(api_key_var="GRPOKIT_TEST_KEY").setup("unused")
     monkeypatch.setenv("GRPOKIT_TEST_KEY", "sk-test-123")
-    answer = {"choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}]}
+    answer = {
+        "choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}]
+    }
     with ScriptedServer([answer]) as server:
         engine = RemoteEngine(base_url=server.url, api_key_var="GRPOKIT_TEST_KEY")
         engine.setup("unused")
         engine.generate([[1]], 1, SamplingSettings(max_tokens=2))
     assert server.request_headers[0]["Authorization"] == "Bearer sk-test-123"
-    assert all("sk-test-123" not in repr(v) for k, v in vars(engine).items() if k != "_headers")  # kept only in the headers
+    assert all(
+        "sk-test-123" not in repr(v) for k, v in vars(engine).items() if k != "_headers"
+    )  # kept only in the headers

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from grpokit.cli import main
-from grpokit.loss import LossInputs
 from grpokit.logprobs import packed_token_logprobs
+from grpokit.loss import LossInputs
 from grpokit.models import load_causal_lm, load_tokenizer
 from grpokit.orchestrator.packing import pack
 from grpokit.policy import LoraSettings, Policy
@@ -30,9 +30,18 @@ def teacher(tiny_model, tmp_path_factory) -> str:
 
 
 def rollout(prompt, completion):
-    return Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=prompt, completion_ids=completion,
-                   completion_logprobs=[-1.0] * len(completion), completion_mask=[1] * len(completion),
-                   reward=0.0, is_truncated=False, policy_step=0)
+    return Rollout(
+        example_id=0,
+        env_id="e",
+        group_id=0,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        completion_logprobs=[-1.0] * len(completion),
+        completion_mask=[1] * len(completion),
+        reward=0.0,
+        is_truncated=False,
+        policy_step=0,
+    )
 
 
 def test_loss_inputs_carry_the_teacher_logprobs_of_each_packed_token(tiny_model, teacher):
@@ -73,8 +82,21 @@ def test_teacher_with_another_tokenizer_is_refused(tiny_model, tmp_path):
 
 
 def test_fit_distils_from_a_teacher(tiny_model, teacher, tmp_path):
-    argv = tiny_fit_argv(tmp_path, tiny_model, "t", "--model.loss", "AIPO", "--model.loss.init_args.teacher_tau", "1.0",
-                         "--model.teacher_model", teacher, "--trainer.max_steps", "2", "--ckpt.interval", "0")
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "t",
+        "--model.loss",
+        "AIPO",
+        "--model.loss.init_args.teacher_tau",
+        "1.0",
+        "--model.teacher_model",
+        teacher,
+        "--trainer.max_steps",
+        "2",
+        "--ckpt.interval",
+        "0",
+    )
     assert main(argv) == 0
     rows = [r for r in csv.DictReader(open(tmp_path / "t" / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in rows] == [0, 1]

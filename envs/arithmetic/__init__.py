@@ -69,7 +69,11 @@ def make_problem(rng: random.Random, steps: int, max_number: int) -> tuple[str, 
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
     if rng.random() < 0.5:
         groups, size = rng.randint(2, max(2, min(MAX_GROUPS, max_number))), rng.randint(2, max_number)
-        sentences, total, done = [f"{name} has {groups} {rng.choice(CONTAINERS)} of {size} {items} each."], groups * size, 1
+        sentences, total, done = (
+            [f"{name} has {groups} {rng.choice(CONTAINERS)} of {size} {items} each."],
+            groups * size,
+            1,
+        )
     else:
         total = rng.randint(1, max_number)
         sentences, done = [f"{name} has {total} {items}."], 0
@@ -82,7 +86,9 @@ def make_problem(rng: random.Random, steps: int, max_number: int) -> tuple[str, 
 
 def make_problems(num_tasks: int, min_steps: int, max_steps: int, max_number: int, seed: int) -> list[tuple[str, int]]:
     if not 1 <= min_steps <= max_steps:
-        raise ValueError(f"arithmetic: need 1 <= min_steps <= max_steps, got min_steps={min_steps}, max_steps={max_steps}")
+        raise ValueError(
+            f"arithmetic: need 1 <= min_steps <= max_steps, got min_steps={min_steps}, max_steps={max_steps}"
+        )
     if max_number < 2:
         raise ValueError(f"arithmetic: max_number must be at least 2, got {max_number}")
     rng = random.Random(seed)
@@ -114,7 +120,9 @@ class ArithmeticConfig(vf.TasksetConfig):
 class ArithmeticTaskset(vf.Taskset[ArithmeticTask, ArithmeticConfig]):
     def load(self):
         c = self.config
-        for i, (question, answer) in enumerate(make_problems(c.num_tasks, c.min_steps, c.max_steps, c.max_number, c.seed)):
+        for i, (question, answer) in enumerate(
+            make_problems(c.num_tasks, c.min_steps, c.max_steps, c.max_number, c.seed)
+        ):
             data = ArithmeticData(prompt=question, answer=answer, system_prompt=SYSTEM_PROMPT, id=f"arithmetic-{i}")
             yield ArithmeticTask(data, c.task)
 

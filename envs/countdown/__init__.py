@@ -62,7 +62,8 @@ def make_puzzle(rng: random.Random, count: int, max_number: int, max_target: int
         if 1 <= target <= max_target and target not in numbers:
             return numbers, target, expression
     raise ValueError(
-        f"countdown: no puzzle of {count} numbers up to {max_number} reaches a target in [1, {max_target}]; raise max_target"
+        f"countdown: no puzzle of {count} numbers up to {max_number} "
+        f"reaches a target in [1, {max_target}]; raise max_target"
     )
 
 
@@ -170,8 +171,12 @@ class CountdownTaskset(vf.Taskset[CountdownTask, CountdownConfig]):
         puzzles = make_puzzles(c.num_tasks, c.min_numbers, c.max_numbers, c.max_number, c.max_target, c.seed)
         for i, (numbers, target, solution) in enumerate(puzzles):
             data = CountdownData(
-                prompt=prompt(numbers, target), numbers=numbers, target=target, solution=solution,
-                system_prompt=SYSTEM_PROMPT, id=f"countdown-{i}",
+                prompt=prompt(numbers, target),
+                numbers=numbers,
+                target=target,
+                solution=solution,
+                system_prompt=SYSTEM_PROMPT,
+                id=f"countdown-{i}",
             )
             yield CountdownTask(data, c.task)
 

@@ -61,7 +61,9 @@ def row_text(row: dict, key: str, arg: str, path: Path, lineno: int) -> str:
         raise ValueError(f"jsonl: {path} line {lineno}: no key {key!r} ({arg}); the row has keys {sorted(row)}")
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"jsonl: {path} line {lineno}: key {key!r} holds {type(value).__name__}, expected a string or number")
+        raise ValueError(
+            f"jsonl: {path} line {lineno}: key {key!r} holds {type(value).__name__}, expected a string or number"
+        )
     return value if isinstance(value, str) else json.dumps(value)
 
 

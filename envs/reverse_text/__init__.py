@@ -67,7 +67,10 @@ class ReverseTextTask(vf.Task[ReverseTextData]):
     def step_rewards(self, reply: str) -> list[tuple[int, float]]:
         """(end character, reward) per word of the reply: its LCS ratio to the answer's word there."""
         targets = self.data.answer.split()
-        return [(m.end(), lcs_ratio(m.group(), targets[i]) if i < len(targets) else 0.0) for i, m in enumerate(re.finditer(r"\S+", reply))]
+        return [
+            (m.end(), lcs_ratio(m.group(), targets[i]) if i < len(targets) else 0.0)
+            for i, m in enumerate(re.finditer(r"\S+", reply))
+        ]
 
 
 class ReverseTextConfig(vf.TasksetConfig):
@@ -81,7 +84,9 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
     def load(self):
         phrases = make_phrases(self.config.num_tasks, self.config.min_words, self.config.max_words, self.config.seed)
         for i, phrase in enumerate(phrases):
-            data = ReverseTextData(prompt=phrase, answer=phrase[::-1], system_prompt=SYSTEM_PROMPT, id=f"reverse-text-{i}")
+            data = ReverseTextData(
+                prompt=phrase, answer=phrase[::-1], system_prompt=SYSTEM_PROMPT, id=f"reverse-text-{i}"
+            )
             yield ReverseTextTask(data, self.config.task)
 
 

@@ -14,11 +14,15 @@ import torch
 def parse_args(argv: list[str]) -> argparse.Namespace:
     import grpokit.bench
 
-    p = argparse.ArgumentParser(prog="grpokit bench", description=grpokit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="grpokit bench", description=grpokit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="what", required=True)
     for name in ("generate", "train", "step"):
         s = sub.add_parser(name)
-        s.add_argument("--model", default="qwen3-0.6b", help="a shape (qwen3-0.6b, smollm2-135m-shape, tiny) or a model name/path")
+        s.add_argument(
+            "--model", default="qwen3-0.6b", help="a shape (qwen3-0.6b, smollm2-135m-shape, tiny) or a model name/path"
+        )
         s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         s.add_argument("--dtype", default=None, help="bfloat16 (CUDA default) or float32 (CPU default)")
         s.add_argument("--no-baseline", action="store_true", help="skip the naive path")
@@ -29,7 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--new-tokens", type=int, default=256)
             s.add_argument("--no-cuda-graphs", action="store_true")
             s.add_argument("--no-compile", action="store_true", help="decode step without torch.compile fusion")
-            s.add_argument("--lora-rank", type=int, default=0, help="serve under a random LoRA adapter (q/k/v/o) of this rank")
+            s.add_argument(
+                "--lora-rank", type=int, default=0, help="serve under a random LoRA adapter (q/k/v/o) of this rank"
+            )
             if name == "step":
                 s.add_argument("--micro-tokens", type=int, default=8192, help="packed tokens per training micro-batch")
                 s.add_argument("--steps", type=int, default=2, help="timed overlapped steps")
@@ -39,9 +45,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--steps", type=int, default=3, help="timed optimizer steps (after one warm-up)")
             s.add_argument("--chunk-size", type=int, default=1024, help="tokens per log-prob chunk")
             s.add_argument("--lora-rank", type=int, default=16)
-            s.add_argument("--variants", default=None, help="comma list of grpokit, grpokit_dense, grpokit_compile, grpokit_compile_no_ckpt, grpokit_compile_budget_0.5, grpokit_compile_budget_0.2, naive")
-            s.add_argument("--group-size", type=int, default=0, help="GRPO-shaped batch: groups of this many sequences sharing a prompt (0: random sequences)")
-            s.add_argument("--prompt-len", type=int, default=0, help="with --group-size: the shared prompt's tokens (not trained on)")
+            s.add_argument(
+                "--variants",
+                default=None,
+                help="comma list of grpokit, grpokit_dense, grpokit_compile, grpokit_compile_no_ckpt, "
+                "grpokit_compile_budget_0.5, grpokit_compile_budget_0.2, naive",
+            )
+            s.add_argument(
+                "--group-size",
+                type=int,
+                default=0,
+                help="GRPO-shaped batch: groups of this many sequences sharing a prompt (0: random sequences)",
+            )
+            s.add_argument(
+                "--prompt-len",
+                type=int,
+                default=0,
+                help="with --group-size: the shared prompt's tokens (not trained on)",
+            )
     return p.parse_args(argv)
 
 
@@ -53,19 +74,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "generate":
         from grpokit.bench import generate
 
-        result = generate.run(args.model, args.batch, args.prompt_len, args.new_tokens, dtype, args.device,
-                              baseline=not args.no_baseline, cuda_graphs=not args.no_cuda_graphs, compile=not args.no_compile,
-                              lora_rank=args.lora_rank)
+        result = generate.run(
+            args.model,
+            args.batch,
+            args.prompt_len,
+            args.new_tokens,
+            dtype,
+            args.device,
+            baseline=not args.no_baseline,
+            cuda_graphs=not args.no_cuda_graphs,
+            compile=not args.no_compile,
+            lora_rank=args.lora_rank,
+        )
     elif args.what == "step":
         from grpokit.bench import step
 
-        result = step.run(args.model, args.batch, args.prompt_len, args.new_tokens, args.micro_tokens, args.steps, dtype, args.device)
+        result = step.run(
+            args.model, args.batch, args.prompt_len, args.new_tokens, args.micro_tokens, args.steps, dtype, args.device
+        )
     else:
         from grpokit.bench import train
 
-        result = train.run(args.model, args.tokens, args.seq_len, args.steps, dtype, args.device,
-                           chunk_size=args.chunk_size, lora_rank=args.lora_rank, baseline=not args.no_baseline,
-                           variants=args.variants.split(",") if args.variants else None, group_size=args.group_size, prompt_len=args.prompt_len)
+        result = train.run(
+            args.model,
+            args.tokens,
+            args.seq_len,
+            args.steps,
+            dtype,
+            args.device,
+            chunk_size=args.chunk_size,
+            lora_rank=args.lora_rank,
+            baseline=not args.no_baseline,
+            variants=args.variants.split(",") if args.variants else None,
+            group_size=args.group_size,
+            prompt_len=args.prompt_len,
+        )
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -20,7 +20,9 @@ from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
 
 
-def engine_generate(model, prompts: list[list[int]], new_tokens: int, cuda_graphs: bool, compile: bool = True, seed: int = 0):
+def engine_generate(
+    model, prompts: list[list[int]], new_tokens: int, cuda_graphs: bool, compile: bool = True, seed: int = 0
+):
     max_len = -(-(len(prompts[0]) + new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
     runner = ModelRunner(model, num_slots=len(prompts), max_len=max_len, use_cuda_graphs=cuda_graphs, compile=compile)
     sampling = SamplingSettings(temperature=1.0, max_tokens=new_tokens, seed=seed)
@@ -31,8 +33,15 @@ def engine_generate(model, prompts: list[list[int]], new_tokens: int, cuda_graph
 
 def hf_generate(model, input_ids, new_tokens: int):
     return model.generate(
-        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
-        top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
     )
 
 
@@ -44,7 +53,7 @@ def logprob_agreement(model, prompts, results, count: int = 16) -> dict[str, flo
         ids = torch.tensor([prompt + tokens], device=device)
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
         delta = torch.tensor(logprobs, device=device) - want
         errors.append(torch.exp(delta.abs()).mean().item())
         max_abs = max(max_abs, delta.abs().max().item())
@@ -55,7 +64,9 @@ def with_lora(model, rank: int):
     """`model` under a peft LoRA adapter of `rank` on q/k/v/o with non-zero random weights."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -63,7 +74,18 @@ def with_lora(model, rank: int):
     return model.eval()
 
 
-def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: torch.dtype, device: str, baseline: bool = True, cuda_graphs: bool = True, compile: bool = True, lora_rank: int = 0) -> dict:
+def run(
+    model_name: str,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    dtype: torch.dtype,
+    device: str,
+    baseline: bool = True,
+    cuda_graphs: bool = True,
+    compile: bool = True,
+    lora_rank: int = 0,
+) -> dict:
     model = build_model(model_name, dtype, device)
     if lora_rank:
         model = with_lora(model, lora_rank)
@@ -71,8 +93,17 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: to
     g = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, vocab, (batch, prompt_len), generator=g)
     prompts = input_ids.tolist()
-    out = {"bench": "generate", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
-           "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "lora_rank": lora_rank, "torch": torch.__version__}
+    out = {
+        "bench": "generate",
+        "model": model_name,
+        "device": device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "lora_rank": lora_rank,
+        "torch": torch.__version__,
+    }
     import transformers
 
     out["transformers"] = transformers.__version__
@@ -82,9 +113,16 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: to
     runner, fn = engine_generate(model, prompts, new_tokens, cuda_graphs, compile)
     warmup, _ = timed(fn, device)  # compiles and captures the graphs of every (slot, length) bucket used
     seconds, results = timed(fn, device)
-    out["grpokit"] = {"seconds": seconds, "tokens_per_s": new / seconds, "ms_per_decode_step": 1e3 * seconds / new_tokens,
-                      "peak_gib": peak_gib(device), "cuda_graphs": runner.use_cuda_graphs, "graphs_captured": len(runner.graphs),
-                      "compiled": runner.kernels.compiled, "warmup_seconds": warmup}
+    out["grpokit"] = {
+        "seconds": seconds,
+        "tokens_per_s": new / seconds,
+        "ms_per_decode_step": 1e3 * seconds / new_tokens,
+        "peak_gib": peak_gib(device),
+        "cuda_graphs": runner.use_cuda_graphs,
+        "graphs_captured": len(runner.graphs),
+        "compiled": runner.kernels.compiled,
+        "warmup_seconds": warmup,
+    }
     out["logprobs_vs_forward"] = logprob_agreement(model, prompts, results)
     del runner, fn, results
     if baseline:
@@ -93,12 +131,20 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, dtype: to
         with torch.no_grad():
             hf_generate(model, ids, 4)  # warm-up
             seconds, _ = timed(lambda: hf_generate(model, ids, new_tokens), device)
-        out["hf_generate"] = {"seconds": seconds, "tokens_per_s": new / seconds, "ms_per_decode_step": 1e3 * seconds / new_tokens, "peak_gib": peak_gib(device)}
+        out["hf_generate"] = {
+            "seconds": seconds,
+            "tokens_per_s": new / seconds,
+            "ms_per_decode_step": 1e3 * seconds / new_tokens,
+            "peak_gib": peak_gib(device),
+        }
         out["speedup_vs_hf"] = out["grpokit"]["tokens_per_s"] / out["hf_generate"]["tokens_per_s"]
     bandwidth = measured_bandwidth(device)
     step_bytes = weight_bytes(model) + batch * (prompt_len + new_tokens / 2) * kv_bytes_per_token(model)
-    out["roofline"] = {"bandwidth_gb_s": bandwidth / 1e9, "bytes_per_step_gb": step_bytes / 1e9,
-                       "tokens_per_s": batch * bandwidth / step_bytes}
+    out["roofline"] = {
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "bytes_per_step_gb": step_bytes / 1e9,
+        "tokens_per_s": batch * bandwidth / step_bytes,
+    }
     out["fraction_of_roofline"] = out["grpokit"]["tokens_per_s"] / out["roofline"]["tokens_per_s"]
     return out
 

@@ -11,19 +11,44 @@ import torch
 SHAPES = {
     # Qwen3-0.6B's published config (hidden 1024, 28 layers, 16 q heads / 8 kv heads of 128, vocab 151936)
     "qwen3-0.6b": dict(
-        arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        arch="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
     ),
     # SmolLM2-135M's config, random weights (the real one: --model smollm2-135m)
     "smollm2-135m-shape": dict(
-        arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        arch="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
     ),
     "tiny": dict(
-        arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
+        arch="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=1024,
         tie_word_embeddings=True,
     ),
 }
@@ -39,7 +64,9 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     spec = dict(SHAPES[name])
-    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("arch")]
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
+        spec.pop("arch")
+    ]
     config = config_cls(**spec, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     with torch.device(device):
         model = model_cls(config).to(dtype)

@@ -24,11 +24,22 @@ from grpokit.bench.trainer import bench_policy, micro_batch, sample_with_policy
 from grpokit.types import TrainingBatch
 
 
-def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, micro_tokens: int, steps: int, dtype: torch.dtype, device: str) -> dict:
+def run(
+    model_name: str,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    micro_tokens: int,
+    steps: int,
+    dtype: torch.dtype,
+    device: str,
+) -> dict:
     engine_model = build_model(model_name, dtype, device)
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, engine_model.config.vocab_size, (batch, prompt_len), generator=g).tolist()
-    _, generate = engine_generate(engine_model, prompts, new_tokens, cuda_graphs=True, compile=device.startswith("cuda"))
+    _, generate = engine_generate(
+        engine_model, prompts, new_tokens, cuda_graphs=True, compile=device.startswith("cuda")
+    )
 
     with model_folder(model_name, dtype, device) as folder:
         policy = bench_policy(folder, dtype, device, 16, 1024, checkpointing=True, compile=device.startswith("cuda"))
@@ -67,8 +78,18 @@ def run(model_name: str, batch: int, prompt_len: int, new_tokens: int, micro_tok
         sync(device)
     step_s = (time.perf_counter() - start) / steps
     return {
-        "bench": "step", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
-        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "train_tokens": total, "micro_tokens": micro_tokens,
-        "generation_s": gen_s, "training_s": train_s, "overlapped_step_s": step_s,
-        "ratio_to_max": step_s / max(gen_s, train_s), "ratio_to_sum": step_s / (gen_s + train_s),
+        "bench": "step",
+        "model": model_name,
+        "device": device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "train_tokens": total,
+        "micro_tokens": micro_tokens,
+        "generation_s": gen_s,
+        "training_s": train_s,
+        "overlapped_step_s": step_s,
+        "ratio_to_max": step_s / max(gen_s, train_s),
+        "ratio_to_sum": step_s / (gen_s + train_s),
     }

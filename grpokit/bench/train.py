@@ -21,6 +21,7 @@ weights on the same packed micro-batch (sequences of `seq_len` tokens, a random 
 Reported: tokens/s and ms per step (mean of `steps` after one warm-up), peak memory, the ratios, and
 the largest difference between the two paths' log-probabilities before the first update.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,7 +39,12 @@ def naive_lora_model(name: str, dtype: torch.dtype, device: str, rank: int):
     from peft import LoraConfig, get_peft_model
 
     lm = build_model(name, dtype, device)
-    lm = get_peft_model(lm, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    lm = get_peft_model(
+        lm,
+        LoraConfig(
+            r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
+        ),
+    )
     return lm.train()
 
 
@@ -51,11 +57,22 @@ def naive_logprobs(lm, ids_T, pos_T, lens_N):
     return torch.cat([picked.new_zeros(1), torch.where(pos_T[1:] == 0, torch.zeros_like(picked), picked)])
 
 
-def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, group_size: int = 0, prompt_len: int = 0):
+def naive_step(
+    model_name: str,
+    tokens: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: str,
+    lora_rank: int,
+    group_size: int = 0,
+    prompt_len: int = 0,
+):
     """The naive path's step (loss -sum(logprob * advantage * mask) / tokens, AdamW) and its first logprobs
     on the trained tokens."""
     lm = naive_lora_model(model_name, dtype, device, lora_rank)
-    ids_T, pos_T, lens_N, adv_T, mask_T = packed_batch(tokens, seq_len, lm.config.vocab_size, device, group_size, prompt_len)
+    ids_T, pos_T, lens_N, adv_T, mask_T = packed_batch(
+        tokens, seq_len, lm.config.vocab_size, device, group_size, prompt_len
+    )
     opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-5)
 
     def step():
@@ -70,7 +87,12 @@ def naive_step(model_name: str, tokens: int, seq_len: int, dtype: torch.dtype, d
 
 VARIANTS = {  # grpokit variant: bench_policy settings
     "grpokit": {"checkpointing": True, "compile": False},
-    "grpokit_dense": {"checkpointing": False, "compile": False, "attention": "dense", "chunk_size": 0},  # fit's CPU default
+    "grpokit_dense": {
+        "checkpointing": False,
+        "compile": False,
+        "attention": "dense",
+        "chunk_size": 0,
+    },  # fit's CPU default
     "grpokit_compile": {"checkpointing": True, "compile": True},
     "grpokit_compile_no_ckpt": {"checkpointing": False, "compile": True},
     "grpokit_compile_budget_0.5": {"checkpointing": False, "compile": True, "activation_memory_budget": 0.5},
@@ -78,12 +100,25 @@ VARIANTS = {  # grpokit variant: bench_policy settings
 }
 
 
-def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, variant: str,
-                 group_size: int = 0, prompt_len: int = 0):
+def grpokit_step(
+    model: str,
+    tokens: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: str,
+    lora_rank: int,
+    chunk_size: int,
+    variant: str,
+    group_size: int = 0,
+    prompt_len: int = 0,
+):
     """The Policy's optimizer step for `variant` and its logprobs before the first update (then one warm-up step)."""
     settings = {"chunk_size": chunk_size, **VARIANTS[variant]}
     policy = bench_policy(model, dtype, device, lora_rank, **settings)
-    batch = TrainingBatch(step=0, micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device, group_size, prompt_len)])
+    batch = TrainingBatch(
+        step=0,
+        micro_batches=[micro_batch(tokens, seq_len, policy.lm.config.vocab_size, device, group_size, prompt_len)],
+    )
     opt = policy.make_optimizer()
     first_logprobs_T = sample_with_policy(policy, batch)
     step = functools.partial(policy.train_batch, batch, opt)
@@ -91,14 +126,37 @@ def grpokit_step(model: str, tokens: int, seq_len: int, dtype: torch.dtype, devi
     return step, first_logprobs_T
 
 
-def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dtype, device: str, chunk_size: int = 1024, lora_rank: int = 16,
-        baseline: bool = True, variants: list[str] | None = None, group_size: int = 0, prompt_len: int = 0) -> dict:
+def run(
+    model_name: str,
+    tokens: int,
+    seq_len: int,
+    steps: int,
+    dtype: torch.dtype,
+    device: str,
+    chunk_size: int = 1024,
+    lora_rank: int = 16,
+    baseline: bool = True,
+    variants: list[str] | None = None,
+    group_size: int = 0,
+    prompt_len: int = 0,
+) -> dict:
     import torch._functorch.config as functorch_config
     import transformers
 
-    out = {"bench": "train", "model": model_name, "device": device_name(device), "dtype": str(dtype).replace("torch.", ""),
-           "tokens": tokens, "seq_len": seq_len, "lora_rank": lora_rank, "chunk_size": chunk_size, "group_size": group_size, "prompt_len": prompt_len,
-           "torch": torch.__version__, "transformers": transformers.__version__}
+    out = {
+        "bench": "train",
+        "model": model_name,
+        "device": device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "tokens": tokens,
+        "seq_len": seq_len,
+        "lora_rank": lora_rank,
+        "chunk_size": chunk_size,
+        "group_size": group_size,
+        "prompt_len": prompt_len,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     first_logprobs = {}
     names = variants or (["grpokit"] + (["naive"] if baseline else []))
     unknown = sorted(set(names) - set(VARIANTS) - {"naive"})
@@ -110,9 +168,13 @@ def run(model_name: str, tokens: int, seq_len: int, steps: int, dtype: torch.dty
             torch._dynamo.reset()  # recompile under this variant's budget
             reset_peak(device)
             if name == "naive":
-                step, first_logprobs[name] = naive_step(model_name, tokens, seq_len, dtype, device, lora_rank, group_size, prompt_len)
+                step, first_logprobs[name] = naive_step(
+                    model_name, tokens, seq_len, dtype, device, lora_rank, group_size, prompt_len
+                )
             else:
-                step, first_logprobs[name] = grpokit_step(folder, tokens, seq_len, dtype, device, lora_rank, chunk_size, name, group_size, prompt_len)
+                step, first_logprobs[name] = grpokit_step(
+                    folder, tokens, seq_len, dtype, device, lora_rank, chunk_size, name, group_size, prompt_len
+                )
             seconds, _ = timed(step, device, repeats=steps)
             out[name] = {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds, "peak_gib": peak_gib(device)}
             del step  # frees the model before the next variant's peak is measured

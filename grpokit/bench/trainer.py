@@ -18,14 +18,29 @@ from grpokit.policy import LoraSettings, Policy
 from grpokit.types import MicroBatch, TrainingBatch
 
 
-def bench_policy(model: str, dtype: torch.dtype, device: str, lora_rank: int, chunk_size: int, checkpointing: bool,
-                 compile: bool, activation_memory_budget: float | None = None, attention: str = "varlen") -> Policy:
+def bench_policy(
+    model: str,
+    dtype: torch.dtype,
+    device: str,
+    lora_rank: int,
+    chunk_size: int,
+    checkpointing: bool,
+    compile: bool,
+    activation_memory_budget: float | None = None,
+    attention: str = "varlen",
+) -> Policy:
     """A configured Policy on `device`: LoRA of rank `lora_rank` (alpha 2 x rank) on q/k/v/o of `model`
     (a name or a folder, see grpokit.bench.shapes.model_folder), `attention` (varlen: the CUDA default;
     dense: the CPU default, which shares prefixes), the default loss."""
     policy = Policy(
-        model=model, lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank), lr=1e-5, dtype=str(dtype).removeprefix("torch."),
-        gradient_checkpointing=checkpointing, attention=attention, logprob_chunk_size=chunk_size, compile=compile,
+        model=model,
+        lora=LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank),
+        lr=1e-5,
+        dtype=str(dtype).removeprefix("torch."),
+        gradient_checkpointing=checkpointing,
+        attention=attention,
+        logprob_chunk_size=chunk_size,
+        compile=compile,
         activation_memory_budget=activation_memory_budget,
     )
     torch.manual_seed(0)  # the adapter's initialisation, the same in every run
@@ -54,15 +69,28 @@ def packed_batch(tokens: int, seq_len: int, vocab: int, device: str, group_size:
             ids_T[start : start + k] = ids_T[first : first + k].clone()
         mask_T = pos_T >= prompt_len
     adv_T = torch.randn(tokens, generator=g)
-    return ids_T.to(device), pos_T.to(device), torch.tensor(lens, device=device), adv_T.to(device), mask_T.float().to(device)
+    return (
+        ids_T.to(device),
+        pos_T.to(device),
+        torch.tensor(lens, device=device),
+        adv_T.to(device),
+        mask_T.float().to(device),
+    )
 
 
-def micro_batch(tokens: int, seq_len: int, vocab: int, device: str, group_size: int = 0, prompt_len: int = 0) -> MicroBatch:
+def micro_batch(
+    tokens: int, seq_len: int, vocab: int, device: str, group_size: int = 0, prompt_len: int = 0
+) -> MicroBatch:
     """packed_batch's tokens, advantages and loss mask as a MicroBatch."""
     ids_T, pos_T, lens_N, adv_T, mask_T = packed_batch(tokens, seq_len, vocab, device, group_size, prompt_len)
     return MicroBatch(
-        input_ids_T=ids_T, position_ids_T=pos_T, loss_mask_T=mask_T, advantages_T=adv_T * mask_T,
-        inference_logprobs_T=torch.zeros_like(mask_T), seq_lens_N=lens_N, is_truncated_N=torch.zeros_like(lens_N, dtype=torch.bool),
+        input_ids_T=ids_T,
+        position_ids_T=pos_T,
+        loss_mask_T=mask_T,
+        advantages_T=adv_T * mask_T,
+        inference_logprobs_T=torch.zeros_like(mask_T),
+        seq_lens_N=lens_N,
+        is_truncated_N=torch.zeros_like(lens_N, dtype=torch.bool),
     )
 
 

@@ -40,7 +40,7 @@ def _encode(value):
 def _decode(value):
     if not isinstance(value, dict):
         return value
-    (kind, payload), = value.items()
+    ((kind, payload),) = value.items()
     if kind == "bytes":
         return base64.b64decode(payload)
     if kind == "dtype":

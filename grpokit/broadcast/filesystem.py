@@ -19,9 +19,9 @@ seconds); a reader that died stops holding steps after that. `close()` removes t
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import itertools
 import os
 import shutil
 import socket
@@ -35,7 +35,12 @@ from grpokit.io import atomic_save_tensors, atomic_write_json, atomic_write_text
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
-ADAPTER_FILE, ADAPTER_CONFIG, FULL_FILE, STABLE = "adapter_model.safetensors", "adapter_config.json", "model.safetensors", "STABLE"
+ADAPTER_FILE, ADAPTER_CONFIG, FULL_FILE, STABLE = (
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "model.safetensors",
+    "STABLE",
+)
 NORMS_FILE = "noisy_norms.safetensors"
 _READERS = itertools.count()
 
@@ -94,7 +99,9 @@ class FilesystemBroadcast(WeightBroadcast):
     def discard_after(self, step: int) -> None:
         for newer in self.stable_steps():
             if newer > step:
-                log.info("broadcast: discarding step %d, published before the trainer restarted at step %d", newer, step)
+                log.info(
+                    "broadcast: discarding step %d, published before the trainer restarted at step %d", newer, step
+                )
                 (self.step_dir(newer) / STABLE).unlink(missing_ok=True)  # unlisted first, then deleted
                 shutil.rmtree(self.step_dir(newer), ignore_errors=True)
 
@@ -120,7 +127,9 @@ class FilesystemBroadcast(WeightBroadcast):
         norms = load_file(d / NORMS_FILE) if (d / NORMS_FILE).exists() else {}
         if (d / ADAPTER_FILE).exists():
             config = json.loads((d / ADAPTER_CONFIG).read_text())
-            return WeightUpdate(step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms)
+            return WeightUpdate(
+                step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms
+            )
         return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d), norm_tensors=norms)
 
     # ---- retention -------------------------------------------------------------------------------
@@ -131,7 +140,11 @@ class FilesystemBroadcast(WeightBroadcast):
     def acknowledge(self, step: int) -> None:
         """This reader has finished loading `step` (-1: nothing yet) and will only load newer steps."""
         now = time.time()
-        if self._acked is not None and self._acked[0] == step and now - self._acked[1] < min(10.0, self.reader_timeout / 10):
+        if (
+            self._acked is not None
+            and self._acked[0] == step
+            and now - self._acked[1] < min(10.0, self.reader_timeout / 10)
+        ):
             return
         try:
             atomic_write_json(self.ack_path, {"reader": self.reader_id, "step": step})

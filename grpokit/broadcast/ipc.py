@@ -3,10 +3,11 @@
 Per step the trainer writes all tensors of the update into one POSIX shared-memory segment
 (`/dev/shm/grpokit-<run>-<step>`) and then, atomically, a small JSON index beside the run
 (`{run_dir}/broadcasts_ipc/step_N.json`: segment name, and each tensor's name, dtype, shape and byte
-offset; QeRL's noisy norm weights ride along, named under WeightUpdate's NORMS_PREFIX). The engine maps the segment and views the tensors without copying them (`torch.frombuffer`);
-loading them into its model is the only copy. A LoRA update moves only the adapter. The index is
-written after the segment is complete, so a reader never sees a partial step; old segments are
-unlinked after `keep_last` newer steps.
+offset; QeRL's noisy norm weights ride along, named under WeightUpdate's NORMS_PREFIX). The engine
+maps the segment and views the tensors without copying them (`torch.frombuffer`); loading them into
+its model is the only copy. A LoRA update moves only the adapter. The index is written after the
+segment is complete, so a reader never sees a partial step; old segments are unlinked after
+`keep_last` newer steps.
 
 CUDA: when the update's tensors are on a GPU, nothing goes through host memory. The trainer clones
 them into buffers it keeps for `keep_last` steps and the index carries their CUDA IPC handles (as JSON,
@@ -35,13 +36,27 @@ from grpokit.io import atomic_write_json
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
-DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool)}
+DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 
 class IPCBroadcast(WeightBroadcast):
     """Weights through named shared memory on one host: written once, mapped by the engine."""
 
-    observable = False  # polling maps the segments (or CUDA buffers): the engine's process only, never the orchestrator's
+    observable = (
+        False  # polling maps the segments (or CUDA buffers): the engine's process only, never the orchestrator's
+    )
 
     def __init__(self, keep_last: int = 3) -> None:
         """
@@ -73,7 +88,15 @@ class IPCBroadcast(WeightBroadcast):
             if str(t.dtype).removeprefix("torch.") not in DTYPES:
                 raise ValueError(f"IPCBroadcast cannot carry tensor {name!r} of dtype {t.dtype}")
             nbytes = t.numel() * t.element_size()
-            entries.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": offset, "nbytes": nbytes})
+            entries.append(
+                {
+                    "name": name,
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "shape": list(t.shape),
+                    "offset": offset,
+                    "nbytes": nbytes,
+                }
+            )
             offset += (nbytes + 63) // 64 * 64  # 64-byte aligned views
         segment = shared_memory.SharedMemory(name=self.segment_name(update.step), create=True, size=max(offset, 1))
         for entry, t in zip(entries, tensors.values()):
@@ -81,7 +104,10 @@ class IPCBroadcast(WeightBroadcast):
                 view = torch.frombuffer(segment.buf, dtype=torch.uint8, count=entry["nbytes"], offset=entry["offset"])
                 view.copy_(t.reshape(-1).view(torch.uint8))
         self._segments[update.step] = segment
-        atomic_write_json(self.index_dir / f"step_{update.step}.json", {"step": update.step, "segment": segment.name, "tensors": entries, "lora_config": update.lora_config})
+        atomic_write_json(
+            self.index_dir / f"step_{update.step}.json",
+            {"step": update.step, "segment": segment.name, "tensors": entries, "lora_config": update.lora_config},
+        )
         self._prune(update.step)
 
     def poll(self, after_step: int) -> WeightUpdate | None:
@@ -104,7 +130,10 @@ class IPCBroadcast(WeightBroadcast):
         torch.cuda.synchronize()  # the clones are complete before any reader maps them
         self._cuda[update.step] = buffers
         handles = {k: share(v) for k, v in buffers.items()}
-        atomic_write_json(self.index_dir / f"step_{update.step}.json", {"step": update.step, "cuda": handles, "pid": os.getpid(), "lora_config": update.lora_config})
+        atomic_write_json(
+            self.index_dir / f"step_{update.step}.json",
+            {"step": update.step, "cuda": handles, "pid": os.getpid(), "lora_config": update.lora_config},
+        )
         self._prune(update.step)
 
     def _read_cuda(self, step: int, index: dict) -> WeightUpdate:
@@ -132,7 +161,11 @@ class IPCBroadcast(WeightBroadcast):
         for e in index["tensors"]:
             dtype = DTYPES[e["dtype"]]
             count = e["nbytes"] // torch.empty(0, dtype=dtype).element_size()
-            flat = torch.frombuffer(segment.buf, dtype=dtype, count=count, offset=e["offset"]) if count else torch.empty(0, dtype=dtype)
+            flat = (
+                torch.frombuffer(segment.buf, dtype=dtype, count=count, offset=e["offset"])
+                if count
+                else torch.empty(0, dtype=dtype)
+            )
             tensors[e["name"]] = flat.reshape(e["shape"])
         update = WeightUpdate.from_wire(step, tensors, lora_config=index["lora_config"])
         update._segment = segment  # the views need the mapping: closing it under them would fail

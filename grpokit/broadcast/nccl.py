@@ -57,8 +57,16 @@ MAX_HEADER_BYTES = 64 << 20  # a header names tensors; 64 MiB is far beyond any 
 DTYPES = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
     )
 }
 
@@ -90,8 +98,16 @@ class Header:
 
 
 def encode_header(header: Header) -> bytes:
-    tensors = [{"name": s.name, "dtype": str(s.dtype).removeprefix("torch."), "shape": list(s.shape)} for s in header.specs]
-    doc = {"version": VERSION, "step": header.step, "lora_config": header.lora_config, "bucket_bytes": header.bucket_bytes, "tensors": tensors}
+    tensors = [
+        {"name": s.name, "dtype": str(s.dtype).removeprefix("torch."), "shape": list(s.shape)} for s in header.specs
+    ]
+    doc = {
+        "version": VERSION,
+        "step": header.step,
+        "lora_config": header.lora_config,
+        "bucket_bytes": header.bucket_bytes,
+        "tensors": tensors,
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -203,7 +219,9 @@ class NCCLBroadcast(WeightBroadcast):
             raise RuntimeError("NCCLBroadcast is closed")
         if self.rank is None:
             self.rank = rank
-            self._device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+            self._device = (
+                torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+            )
 
     def _connect(self) -> None:
         """Join the 2-rank group; blocks until the other side joins, for at most `timeout`."""
@@ -214,10 +232,11 @@ class NCCLBroadcast(WeightBroadcast):
         self._store = store
         if self.rank == 1 and store.add(self.ENGINES_KEY, 1) > 1:
             raise RuntimeError(
-                f"NCCLBroadcast at {self.host}:{self.port} already has its engine: it reaches exactly one (a two-rank group), "
-                "and this process polled it as a second one. Poll it only in the engine's process: one `grpokit infer` server "
-                "(inference.init_args.base_url lists one) and an orchestrator with `inference: RemoteEngine`; to serve several, "
-                "use broadcast: FilesystemBroadcast. An engine restarted while the trainer runs needs the trainer restarted too."
+                f"NCCLBroadcast at {self.host}:{self.port} already has its engine: it reaches exactly one (a "
+                "two-rank group), and this process polled it as a second one. Poll it only in the engine's "
+                "process: one `grpokit infer` server (inference.init_args.base_url lists one) and an "
+                "orchestrator with `inference: RemoteEngine`; to serve several, use broadcast: "
+                "FilesystemBroadcast. An engine restarted while the trainer runs needs the trainer restarted too."
             )
         store = dist.PrefixStore("grpokit/broadcast", store)
         if self.backend == "nccl":

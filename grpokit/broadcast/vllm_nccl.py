@@ -67,7 +67,14 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
     def poll(self, after_step: int) -> WeightUpdate | None:
         try:
             if not self._joined:
-                settings = {"host": self.host, "port": self.port, "timeout": self.timeout, "backend": self.backend, "bucket_mb": self.bucket_bytes >> 20, "adapter_dir": self.adapter_dir}
+                settings = {
+                    "host": self.host,
+                    "port": self.port,
+                    "timeout": self.timeout,
+                    "backend": self.backend,
+                    "bucket_mb": self.bucket_bytes >> 20,
+                    "adapter_dir": self.adapter_dir,
+                }
                 self.collective_rpc("grpokit_join", json.dumps(settings))
                 self._joined = True
             (result,) = self.collective_rpc("grpokit_apply", str(after_step))
@@ -80,16 +87,28 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
             self._joined = result.get("receiving", True)  # the trainer went away: join its next group
             return None
         self.last_applied = result  # the worker's report, with the sha256 of the tensors it received
-        return WeightUpdate(step=result["step"], tensors={}, lora_config=result["lora_config"], path=result["lora_path"], in_engine=True)
+        return WeightUpdate(
+            step=result["step"], tensors={}, lora_config=result["lora_config"], path=result["lora_path"], in_engine=True
+        )
 
     def collective_rpc(self, method: str, *args: str) -> list:
         """Call `method` of grpokit's worker extension in every vLLM worker; their results."""
         root = self.base_url.removesuffix("/v1")
         body = json.dumps({"method": method, "args": list(args), "timeout": self.timeout}).encode()
-        request = urllib.request.Request(f"{root}/collective_rpc", data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{root}/collective_rpc", data=body, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + 30) as response:
                 return json.loads(response.read())["results"]
         except urllib.error.HTTPError as e:
-            hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls " + WORKER_EXTENSION + "; grpokit infer does)" if e.code == 404 else ""
-            raise RuntimeError(f"vLLM at {root} answered {e.code} to collective_rpc {method}{hint}: {e.read()[:500]!r}") from e
+            hint = (
+                " (start vLLM with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                + WORKER_EXTENSION
+                + "; grpokit infer does)"
+                if e.code == 404
+                else ""
+            )
+            raise RuntimeError(
+                f"vLLM at {root} answered {e.code} to collective_rpc {method}{hint}: {e.read()[:500]!r}"
+            ) from e

@@ -17,8 +17,9 @@ class SamplingSettings:
     """How completions are sampled.
 
     Args:
-        temperature: softmax temperature (0 = greedy; null = 1.0, or data.temp_scheduler's value). Logprobs are of the temperature-scaled distribution,
-            before top-p truncation, and the trainer scales its logits the same way.
+        temperature: softmax temperature (0 = greedy; null = 1.0, or data.temp_scheduler's value). Logprobs
+            are of the temperature-scaled distribution, before top-p truncation, and the trainer scales its
+            logits the same way.
         top_p: nucleus sampling mass.
         max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
         stop: strings that end a completion (the stop string is kept in the completion).
@@ -47,9 +48,14 @@ class SamplingSettings:
         if self.max_tokens < 1:
             raise ValueError(f"data.sampling.max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"data.sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+            raise ValueError(
+                f"data.sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         if self.repetition_penalty <= 0:
-            raise ValueError(f"data.sampling.repetition_penalty must be > 0 (1 = off, > 1 discourages repeats), got {self.repetition_penalty}")
+            raise ValueError(
+                "data.sampling.repetition_penalty must be > 0 (1 = off, "
+                f"> 1 discourages repeats), got {self.repetition_penalty}"
+            )
 
 
 @dataclass

@@ -73,7 +73,10 @@ class BuiltinEngine(InferenceEngine):
         self.max_model_len = max_model_len
         self.cuda_graphs, self.compile, self.share_weights = cuda_graphs, compile, share_weights
         if merge_lora == "on" and self.fast:
-            raise ValueError("inference.init_args.merge_lora: on needs the plain path (the fast path's graphs read the weights in place); set fast: off or merge_lora: auto")
+            raise ValueError(
+                "inference.init_args.merge_lora: on needs the plain path (the fast path's "
+                "graphs read the weights in place); set fast: off or merge_lora: auto"
+            )
         self.merge_lora = merge_lora
         self._merge = merge_lora == "on" or (merge_lora == "auto" and not self.fast and self.dtype == torch.float32)
         self.merged = None  # MergedLoRA, built at the first adapter update when merge_lora is on
@@ -103,7 +106,9 @@ class BuiltinEngine(InferenceEngine):
                     self.merged = MergedLoRA(self.model)
             result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in update.tensors.items()})
             if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"adapter of step {update.step} has keys the engine's model lacks: {result.unexpected_keys[:5]}")
+                raise ValueError(
+                    f"adapter of step {update.step} has keys the engine's model lacks: {result.unexpected_keys[:5]}"
+                )
             if self.merged is not None:
                 self.merged.refresh()
         else:
@@ -162,14 +167,26 @@ class BuiltinEngine(InferenceEngine):
         flat = [ids for ids in prompts for _ in range(n)]
         if self.fast:
             with self._own_stream():
-                results = generate_continuous(self._runner(flat, sampling), flat, sampling, self.stop_token_ids, generator, self.tokenizer.decode)
+                results = generate_continuous(
+                    self._runner(flat, sampling), flat, sampling, self.stop_token_ids, generator, self.tokenizer.decode
+                )
         else:
             results = []
             for start in range(0, len(flat), self.max_batch_size):
                 chunk = flat[start : start + self.max_batch_size]
                 with self.merged.active() if self.merged is not None else contextlib.nullcontext():
-                    results += sample(self.model, chunk, sampling, self.stop_token_ids, self.tokenizer.pad_token_id, generator, self.tokenizer.decode)
-        completions = [Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results]
+                    results += sample(
+                        self.model,
+                        chunk,
+                        sampling,
+                        self.stop_token_ids,
+                        self.tokenizer.pad_token_id,
+                        generator,
+                        self.tokenizer.decode,
+                    )
+        completions = [
+            Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results
+        ]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @contextlib.contextmanager
@@ -189,7 +206,9 @@ class BuiltinEngine(InferenceEngine):
 
     def _runner(self, flat: list[list[int]], sampling: SamplingSettings) -> ModelRunner:
         """The fast path's runner, (re)built when the cache is too small for this request."""
-        need_len = min(self.max_model_len, -(-(max(len(x) for x in flat) + sampling.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET)
+        need_len = min(
+            self.max_model_len, -(-(max(len(x) for x in flat) + sampling.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
+        )
         need_slots = min(self.max_batch_size, len(flat))
         r = self.runner
         if r is None or r.num_slots < need_slots or r.max_len < need_len:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 
-def apply_min_tokens(logits_BV: torch.Tensor, num_generated_B: torch.Tensor, min_tokens: int | torch.Tensor, stop_ids_S: torch.Tensor) -> torch.Tensor:
+def apply_min_tokens(
+    logits_BV: torch.Tensor, num_generated_B: torch.Tensor, min_tokens: int | torch.Tensor, stop_ids_S: torch.Tensor
+) -> torch.Tensor:
     """Forbid the stop tokens in rows that have generated fewer than `min_tokens` tokens.
 
     logits'[b, s] = -inf for s in stop_ids_S where num_generated_B[b] < min_tokens (vLLM's `min_tokens`,
@@ -44,7 +46,9 @@ def mark_seen(seen_BV: torch.Tensor, token_B: torch.Tensor) -> torch.Tensor:
     return seen_BV.scatter_(1, token_B[:, None], True)
 
 
-def apply_repetition_penalty(logits_BV: torch.Tensor, seen_BV: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
+def apply_repetition_penalty(
+    logits_BV: torch.Tensor, seen_BV: torch.Tensor, penalty: float | torch.Tensor
+) -> torch.Tensor:
     """CTRL's repetition penalty (Keskar et al. 2019), as HF and vLLM define it.
 
     For every token already in the row (prompt or completion, seen_BV true):

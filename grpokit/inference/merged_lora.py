@@ -38,7 +38,9 @@ def mergeable(model: torch.nn.Module) -> bool:
     from peft.tuners.lora.layer import Linear
 
     layers = _lora_layers(model)
-    return bool(layers) and all(type(m) is Linear and not m.lora_variant and list(m.lora_A) == ["default"] for m in layers.values())
+    return bool(layers) and all(
+        type(m) is Linear and not m.lora_variant and list(m.lora_A) == ["default"] for m in layers.values()
+    )
 
 
 class MergedLoRA:
@@ -46,15 +48,22 @@ class MergedLoRA:
 
     def __init__(self, model: torch.nn.Module) -> None:
         if not mergeable(model):
-            raise ValueError("inference.init_args.merge_lora: this adapter does not merge as W + s * B @ A (DoRA, several adapters or non-linear layers); set merge_lora: off")
+            raise ValueError(
+                "inference.init_args.merge_lora: this adapter does not merge as W + s * "
+                "B @ A (DoRA, several adapters or non-linear layers); set merge_lora: off"
+            )
         self.layers = _lora_layers(model)
-        self.merged = {name: torch.empty_like(m.base_layer.weight, requires_grad=False) for name, m in self.layers.items()}
+        self.merged = {
+            name: torch.empty_like(m.base_layer.weight, requires_grad=False) for name, m in self.layers.items()
+        }
 
     @torch.no_grad()
     def refresh(self) -> None:
         """W' = W + delta for every layer; call after each adapter load."""
         for name, m in self.layers.items():
-            torch.add(m.base_layer.weight, m.get_delta_weight("default").to(m.base_layer.weight.dtype), out=self.merged[name])
+            torch.add(
+                m.base_layer.weight, m.get_delta_weight("default").to(m.base_layer.weight.dtype), out=self.merged[name]
+            )
 
     @contextlib.contextmanager
     def active(self):

@@ -2,9 +2,10 @@
 
 Requests go to `/v1/completions` with the prompt as token ids and the vLLM extensions the orchestrator
 needs: `logprobs: 0` (only the sampled token's logprob), `return_token_ids: true` (the completion's token
-ids), `min_tokens` and `repetition_penalty` when set, and grpokit's `weight_step` in the response. The servers load new weights themselves (grpokit's
-server polls the broadcast before each request; vLLM reloads the LoRA adapter), so `load_weights` only
-records the step the orchestrator waited for. Several `base_url`s spread the prompts round-robin.
+ids), `min_tokens` and `repetition_penalty` when set, and grpokit's `weight_step` in the response. The
+servers load new weights themselves (grpokit's server polls the broadcast before each request; vLLM
+reloads the LoRA adapter), so `load_weights` only records the step the orchestrator waited for. Several
+`base_url`s spread the prompts round-robin.
 `served_weight_step` asks every server (`GET /v1/weights`, grpokit's server only) which step it holds:
 the orchestrator's progress source when the broadcast is one only the servers may poll (NCCL, IPC).
 """
@@ -29,7 +30,9 @@ log = logging.getLogger(__name__)
 class RemoteEngine(InferenceEngine):
     """Client of one or more OpenAI-compatible completion servers (grpokit infer, or vLLM)."""
 
-    applies_norm_weights = True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
+    applies_norm_weights = (
+        True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
+    )
     servers_load_weights = True
 
     def __init__(
@@ -53,7 +56,12 @@ class RemoteEngine(InferenceEngine):
         self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not self.base_urls:
             raise ValueError("inference.init_args.base_url needs at least one server URL")
-        self.model_name, self.timeout, self.max_retries, self.max_concurrency = model_name, timeout, max_retries, max_concurrency
+        self.model_name, self.timeout, self.max_retries, self.max_concurrency = (
+            model_name,
+            timeout,
+            max_retries,
+            max_concurrency,
+        )
         self.api_key_var = api_key_var
         self.weight_step = -1
         self.server_weight_step = -1
@@ -81,29 +89,47 @@ class RemoteEngine(InferenceEngine):
             if e.code != 404:
                 raise
             raise RemoteError(
-                f"{url} has no /v1/weights, so it is not grpokit's server: with a broadcast only the server may poll "
-                "(broadcast: NCCLBroadcast or IPCBroadcast) the orchestrator learns the trainer's progress from `grpokit infer`. "
-                "Serve with `grpokit infer`, or use broadcast: FilesystemBroadcast.", 404,
+                f"{url} has no /v1/weights, so it is not grpokit's server: with a broadcast only the server may "
+                "poll (broadcast: NCCLBroadcast or IPCBroadcast) the orchestrator learns the trainer's progress "
+                "from `grpokit infer`. Serve with `grpokit infer`, or use broadcast: FilesystemBroadcast.",
+                404,
             ) from e
         try:
             step = json.loads(raw).get("weight_step")
         except (json.JSONDecodeError, AttributeError):
             step = None
         if not isinstance(step, int) or isinstance(step, bool):
-            raise ValueError(f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step")
+            raise ValueError(
+                f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step"
+            )
         return step
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            answers = list(pool.map(self._post, [(self.base_urls[i % len(self.base_urls)], b) for i, b in enumerate(bodies)]))
-        return [[self._completion(choice, answer, sampling) for choice in sorted(answer["choices"], key=lambda c: c["index"])] for answer in answers]
+            answers = list(
+                pool.map(self._post, [(self.base_urls[i % len(self.base_urls)], b) for i, b in enumerate(bodies)])
+            )
+        return [
+            [
+                self._completion(choice, answer, sampling)
+                for choice in sorted(answer["choices"], key=lambda c: c["index"])
+            ]
+            for answer in answers
+        ]
 
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
         body = {
-            "model": self.model_name, "prompt": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
-            "temperature": 1.0 if sampling.temperature is None else sampling.temperature, "top_p": sampling.top_p,
-            "stop": sampling.stop or None, "seed": sampling.seed * 100_003 + index, "logprobs": 0, "return_token_ids": True,
+            "model": self.model_name,
+            "prompt": prompt_ids,
+            "n": n,
+            "max_tokens": sampling.max_tokens,
+            "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop": sampling.stop or None,
+            "seed": sampling.seed * 100_003 + index,
+            "logprobs": 0,
+            "return_token_ids": True,
         }
         if sampling.min_tokens:  # vLLM extensions, sent only when set so plain OpenAI servers still work
             body["min_tokens"] = sampling.min_tokens
@@ -115,10 +141,15 @@ class RemoteEngine(InferenceEngine):
         token_ids = list(choice.get("token_ids") or [])
         logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
         if len(logprobs) != len(token_ids):
-            raise ValueError(f"server answered {len(token_ids)} token ids but {len(logprobs)} logprobs: it must support logprobs and return_token_ids")
+            raise ValueError(
+                f"server answered {len(token_ids)} token ids but {len(logprobs)} "
+                "logprobs: it must support logprobs and return_token_ids"
+            )
         step = answer.get("weight_step")
         self.server_weight_step = self.weight_step if step is None else int(step)
-        return Completion(token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", self.server_weight_step)
+        return Completion(
+            token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", self.server_weight_step
+        )
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
         url, body = url_body
@@ -128,7 +159,10 @@ class RemoteEngine(InferenceEngine):
         except json.JSONDecodeError:
             answer = None
         if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
-            raise ValueError(f"inference server {url} answered {raw[:200]!r}: not a completions answer (a JSON object with a 'choices' list)")
+            raise ValueError(
+                f"inference server {url} answered {raw[:200]!r}: not a "
+                "completions answer (a JSON object with a 'choices' list)"
+            )
         return answer
 
     def _call(self, url: str, endpoint: str, body: dict | None = None) -> bytes:
@@ -140,7 +174,12 @@ class RemoteEngine(InferenceEngine):
         """
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(f"{url.rstrip('/')}/{endpoint}", data=data, headers=self._headers, method="GET" if body is None else "POST")
+            request = urllib.request.Request(
+                f"{url.rstrip('/')}/{endpoint}",
+                data=data,
+                headers=self._headers,
+                method="GET" if body is None else "POST",
+            )
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     return response.read()
@@ -150,12 +189,20 @@ class RemoteEngine(InferenceEngine):
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 if attempt == self.max_retries:
                     raise ConnectionError(
-                        f"inference server {url} failed {self.max_retries + 1} tries ({type(e).__name__}: {e}): is `grpokit infer` "
-                        f"(or vLLM) serving there? Retries and the per-request limit are inference.init_args.max_retries "
+                        f"inference server {url} failed {self.max_retries + 1} tries "
+                        f"({type(e).__name__}: {e}): is `grpokit infer` (or vLLM) serving there? "
+                        "Retries and the per-request limit are inference.init_args.max_retries "
                         f"({self.max_retries}) and inference.init_args.timeout ({self.timeout:g}s)."
                     ) from e
             delay = min(30.0, 0.5 * 2**attempt)
-            log.warning("request to %s/%s failed (try %d of %d), retrying in %.1fs", url, endpoint, attempt + 1, self.max_retries + 1, delay)
+            log.warning(
+                "request to %s/%s failed (try %d of %d), retrying in %.1fs",
+                url,
+                endpoint,
+                attempt + 1,
+                self.max_retries + 1,
+                delay,
+            )
             time.sleep(delay)
         raise AssertionError("unreachable")
 

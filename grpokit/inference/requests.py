@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # Fields whose non-default value would change the result in a way this server cannot honour: refused.
 UNSUPPORTED = {
-    "stream": (False,), "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
-    "presence_penalty": (0,), "frequency_penalty": (0,), "top_k": (-1, 0),
-    "min_p": (0,), "tools": ([],), "response_format": ({"type": "text"},),
+    "stream": (False,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
 }
 TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
 
@@ -27,10 +36,24 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
-        return {"error": {"message": self.message, "type": kind.get(self.status, "ServiceUnavailable"), "param": self.param, "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind.get(self.status, "ServiceUnavailable"),
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
 
-def field(body: dict, name: str, kind: type, default: Any = None, check: Callable[[Any], bool] | None = None, requirement: str = "") -> Any:
+def field(
+    body: dict,
+    name: str,
+    kind: type,
+    default: Any = None,
+    check: Callable[[Any], bool] | None = None,
+    requirement: str = "",
+) -> Any:
     """body[name] if it is of `kind` and passes `check`, `default` when absent or null; else a RequestError."""
     value = body.get(name)
     if value is None:
@@ -77,7 +100,14 @@ class SamplingRequest:
             seed=secrets.randbits(63) if seed is None else seed,
             logprobs=logprobs,
             return_token_ids=field(body, "return_token_ids", bool, False),
-            min_tokens=field(body, "min_tokens", int, 0, lambda v: v >= 0 and (max_tokens is None or v <= max_tokens), f"in [0, max_tokens={max_tokens}]"),
+            min_tokens=field(
+                body,
+                "min_tokens",
+                int,
+                0,
+                lambda v: v >= 0 and (max_tokens is None or v <= max_tokens),
+                f"in [0, max_tokens={max_tokens}]",
+            ),
             repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
         )
 
@@ -93,7 +123,9 @@ def parse_messages(body: dict) -> list[dict]:
             raise RequestError(f"messages[{i}] must be an object with a string role", "messages")
         content = message.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
             content = "\n".join(p["text"] for p in content)
         elif content is not None and not isinstance(content, str):

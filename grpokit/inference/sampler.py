@@ -15,7 +15,9 @@ from grpokit.inference import SamplingSettings
 from grpokit.inference.logits_processors import apply_min_tokens, apply_repetition_penalty, mark_seen, seen_tokens
 
 
-def sample_next(logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (token_B, logprob_B) with logprobs of the temperature-scaled softmax."""
     logits_BV = logits_BV.float()
     if temperature == 0:
@@ -54,7 +56,9 @@ def sample(
     b = len(prompts)
     input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefill(model, prompts, pad_token_id, device)
     stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
-    seen_BV = seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None
+    seen_BV = (
+        seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None
+    )
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     next_pos_B1 = positions_BP[:, -1:] + 1
     tokens: list[list[int]] = [[] for _ in range(b)]
@@ -65,7 +69,9 @@ def sample(
     for n in range(sampling.max_tokens):
         logits_BV = logits_BV.float()
         if n < sampling.min_tokens:  # every row has generated n tokens
-            logits_BV = apply_min_tokens(logits_BV, torch.full((len(live),), n, device=device), sampling.min_tokens, stop_ids_S)
+            logits_BV = apply_min_tokens(
+                logits_BV, torch.full((len(live),), n, device=device), sampling.min_tokens, stop_ids_S
+            )
         if seen_BV is not None:
             logits_BV = apply_repetition_penalty(logits_BV, seen_BV, sampling.repetition_penalty)
         token_B, logprob_B = sample_next(logits_BV, temperature, sampling.top_p, generator)
@@ -84,7 +90,13 @@ def sample(
             seen_BV = seen_BV[rows_B] if seen_BV is not None else None
             live = [i for i in live if not done[i]]
         mask_BP = torch.cat([mask_BP, torch.ones((len(live), 1), dtype=mask_BP.dtype, device=device)], dim=1)
-        logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BP, position_ids=next_pos_B1, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits_BV = model(
+            input_ids=token_B[:, None],
+            attention_mask=mask_BP,
+            position_ids=next_pos_B1,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
         next_pos_B1 = next_pos_B1 + 1
     return [(tokens[i], logprobs[i], not done[i]) for i in range(b)]
 
@@ -106,11 +118,18 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
     input_ids_UP = torch.full((u, p), pad_token_id, dtype=torch.long, device=device)
     mask_UP = torch.zeros((u, p), dtype=torch.long, device=device)
     for i, ids in enumerate(distinct):
-        input_ids_UP[i, p - len(ids):] = torch.tensor(ids, device=device)
-        mask_UP[i, p - len(ids):] = 1
+        input_ids_UP[i, p - len(ids) :] = torch.tensor(ids, device=device)
+        mask_UP[i, p - len(ids) :] = 1
     positions_UP = (mask_UP.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    logits_UV = model(input_ids=input_ids_UP, attention_mask=mask_UP, position_ids=positions_UP, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits_UV = model(
+        input_ids=input_ids_UP,
+        attention_mask=mask_UP,
+        position_ids=positions_UP,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     if u < len(prompts):
         cache.reorder_cache(row_B)  # index_select along the batch: each prompt's rows to its repeats
     return input_ids_UP[row_B], mask_UP[row_B], positions_UP[row_B], cache, logits_UV[row_B]

@@ -37,10 +37,11 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
@@ -52,6 +53,7 @@ MAX_BODY_BYTES = 64 * 2**20
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
+
 def finish_reason(c: Completion) -> str:
     return "length" if c.is_truncated else "stop"
 
@@ -59,7 +61,14 @@ def finish_reason(c: Completion) -> str:
 class OpenAIApp:
     """The server's logic without the HTTP: `handle(method, path, body) -> (status, json)`."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer, model_name: str, broadcast: WeightBroadcast | None, max_model_len: int | None) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer,
+        model_name: str,
+        broadcast: WeightBroadcast | None,
+        max_model_len: int | None,
+    ) -> None:
         self.engine, self.tokenizer, self.model_name, self.broadcast = engine, tokenizer, model_name, broadcast
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
@@ -67,8 +76,10 @@ class OpenAIApp:
 
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
         routes = {
-            "/v1/models": ("GET", self.models), "/v1/completions": ("POST", self.completions),
-            "/v1/chat/completions": ("POST", self.chat_completions), "/health": ("GET", lambda _: {}),
+            "/v1/models": ("GET", self.models),
+            "/v1/completions": ("POST", self.completions),
+            "/v1/chat/completions": ("POST", self.chat_completions),
+            "/health": ("GET", lambda _: {}),
             "/v1/weights": ("GET", self.weights),
         }
         path, _, query = path.partition("?")
@@ -83,7 +94,14 @@ class OpenAIApp:
             return e.status, e.body()
         except Exception as e:  # the client gets the error's text, the server log gets the traceback
             log.exception("request to %s failed", path)
-            return 500, {"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "InternalServerError", "param": None, "code": 500}}
+            return 500, {
+                "error": {
+                    "message": f"internal error: {type(e).__name__}: {e}",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
 
     def parse_body(self, body: bytes) -> dict:
         try:
@@ -94,11 +112,19 @@ class OpenAIApp:
             raise RequestError("request body must be a JSON object")
         model = field(parsed, "model", str, self.model_name)
         if model != self.model_name:
-            raise RequestError(f"the model `{model}` does not exist; this server serves `{self.model_name}`", "model", 404)
+            raise RequestError(
+                f"the model `{model}` does not exist; this server serves `{self.model_name}`", "model", 404
+            )
         return parsed
 
     def models(self, _: dict) -> dict:
-        card = {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "grpokit", "root": self.model_name}
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "grpokit",
+            "root": self.model_name,
+        }
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
         return {"object": "list", "data": [card], "weight_step": self.engine.weight_step}
@@ -124,7 +150,14 @@ class OpenAIApp:
 
     def completions(self, body: dict) -> dict:
         prompts = parse_prompts(body)
-        logprobs = field(body, "logprobs", int, None, lambda v: v == 0, "0 or null (the engine returns only the sampled token's logprob)")
+        logprobs = field(
+            body,
+            "logprobs",
+            int,
+            None,
+            lambda v: v == 0,
+            "0 or null (the engine returns only the sampled token's logprob)",
+        )
         max_tokens = field(body, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
         params = SamplingRequest.parse(body, max_tokens, logprobs is not None)
 
@@ -134,7 +167,12 @@ class OpenAIApp:
             choices = []
             for prompt, group in zip(ids, groups):
                 for c in group:
-                    choice = {"index": len(choices), "text": self.text(c, params.stop), "logprobs": None, "finish_reason": finish_reason(c)}
+                    choice = {
+                        "index": len(choices),
+                        "text": self.text(c, params.stop),
+                        "logprobs": None,
+                        "finish_reason": finish_reason(c),
+                    }
                     if params.logprobs:
                         choice["logprobs"] = self.completion_logprobs(c)
                     if params.return_token_ids:
@@ -192,9 +230,15 @@ class OpenAIApp:
 
     def render(self, messages: list[dict], template_kwargs: dict) -> list[int]:
         try:
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs))
+            return list(
+                self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
+                )
+            )
         except Exception as e:  # jinja raises for messages its template rejects (roles out of order, ...)
-            raise RequestError(f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages") from None
+            raise RequestError(
+                f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
+            ) from None
 
     def load_newer_weights(self) -> None:
         """Load the newest weights the broadcast has published, if newer than the engine's."""
@@ -206,13 +250,27 @@ class OpenAIApp:
         """Load newer broadcast weights, check the context length, then sample n completions per prompt."""
         self.load_newer_weights()
         room = None if self.max_model_len is None else self.max_model_len - max(map(len, prompts))
-        max_tokens = params.max_tokens or max(room or SamplingSettings.max_tokens, 1)  # chat default: the rest of the context
+        max_tokens = params.max_tokens or max(
+            room or SamplingSettings.max_tokens, 1
+        )  # chat default: the rest of the context
         if room is not None and max_tokens > room:
             used = self.max_model_len - room
-            raise RequestError(f"this model's context is {self.max_model_len} tokens: {used} prompt tokens leave room for {room}, not max_tokens={max_tokens}", "max_tokens")
+            raise RequestError(
+                f"this model's context is {self.max_model_len} tokens: {used} "
+                f"prompt tokens leave room for {room}, not max_tokens={max_tokens}",
+                "max_tokens",
+            )
         if params.min_tokens > max_tokens:
             raise RequestError(f"min_tokens ({params.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
-        sampling = SamplingSettings(params.temperature, params.top_p, max_tokens, params.stop, params.seed, params.min_tokens, params.repetition_penalty)
+        sampling = SamplingSettings(
+            params.temperature,
+            params.top_p,
+            max_tokens,
+            params.stop,
+            params.seed,
+            params.min_tokens,
+            params.repetition_penalty,
+        )
         return self.engine.generate(prompts, params.n, sampling)
 
     def text(self, c: Completion, stop: list[str]) -> str:
@@ -221,20 +279,38 @@ class OpenAIApp:
 
     def chat_logprobs(self, c: Completion) -> list[dict]:
         tokens = [self.tokenizer.decode([t]) for t in c.token_ids]
-        return [{"token": s, "logprob": max(lp, MIN_LOGPROB), "bytes": list(s.encode()), "top_logprobs": []} for s, lp in zip(tokens, c.logprobs)]
+        return [
+            {"token": s, "logprob": max(lp, MIN_LOGPROB), "bytes": list(s.encode()), "top_logprobs": []}
+            for s, lp in zip(tokens, c.logprobs)
+        ]
 
     def completion_logprobs(self, c: Completion) -> dict:
         tokens = [self.tokenizer.decode([t]) for t in c.token_ids]
         logprobs = [max(lp, MIN_LOGPROB) for lp in c.logprobs]
         offsets = list(accumulate(map(len, tokens), initial=0))[:-1]
-        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": [{s: lp} for s, lp in zip(tokens, logprobs)], "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            "top_logprobs": [{s: lp} for s, lp in zip(tokens, logprobs)],
+            "text_offset": offsets,
+        }
 
-    def envelope(self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]], groups: list[list[Completion]]) -> dict:
+    def envelope(
+        self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]], groups: list[list[Completion]]
+    ) -> dict:
         prompt_tokens = sum(map(len, prompts))
         completion_tokens = sum(len(c.token_ids) for group in groups for c in group)
         return {
-            "id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": self.model_name, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
             "weight_step": min(c.policy_step for group in groups for c in group),
         }
 
@@ -321,7 +397,11 @@ def model_len(engine: InferenceEngine, tokenizer) -> int | None:
 
 
 def make_app(
-    engine: InferenceEngine, tokenizer, model_name: str = "grpokit", broadcast: WeightBroadcast | None = None, max_model_len: int | None = None
+    engine: InferenceEngine,
+    tokenizer,
+    model_name: str = "grpokit",
+    broadcast: WeightBroadcast | None = None,
+    max_model_len: int | None = None,
 ) -> OpenAIApp:
     """The server logic for an engine that has been `setup`.
 

@@ -16,11 +16,11 @@ fresh LoRA adapter is zero, so the base weights are the step-0 policy).
 Full-weights updates reach vLLM only through `broadcast: VLLMNCCLBroadcast`, which loads them into
 vLLM's worker (grpokit.inference.vllm_worker); the engine then serves the base name with that step and
 resets the prefix cache. Over the filesystem broadcast they are refused (vLLM hot-loads only LoRA
-adapters from disk). Departures from the builtin engine: vLLM's logprobs are of the raw model distribution unless the server runs with
-`--logprobs-mode processed_logprobs`, which matters for temperatures other than 1 and whenever
-`min_tokens` or `repetition_penalty` is set (the raw logprobs are then not those of the distribution
-the tokens were drawn from). vLLM's processed logprobs are also after top-p truncation; the builtin
-engine's are before it.
+adapters from disk). Departures from the builtin engine: vLLM's logprobs are of the raw model
+distribution unless the server runs with `--logprobs-mode processed_logprobs`, which matters for
+temperatures other than 1 and whenever `min_tokens` or `repetition_penalty` is set (the raw logprobs
+are then not those of the distribution the tokens were drawn from). vLLM's processed logprobs are also
+after top-p truncation; the builtin engine's are before it.
 
 QeRL noise (model.noise_scheduler) is refused at start: `/v1/load_lora_adapter` loads adapter weights
 only (vLLM 0.32's LoRA loader rejects modules outside the target modules and takes at most one full
@@ -84,7 +84,9 @@ class VLLMEngine(RemoteEngine):
                 "`broadcast: VLLMNCCLBroadcast`"
             )
         if update.path is None:
-            raise ValueError("VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)")
+            raise ValueError(
+                "VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)"
+            )
         name = f"step_{update.step}"
         for url in self.base_urls:
             self._load_adapter(url, name, update.path)
@@ -97,7 +99,13 @@ class VLLMEngine(RemoteEngine):
     def _serve_base(self, step: int) -> None:
         """The servers' base model now holds the weights of `step`: serve it, drop the last adapter and the
         prefix cache (its KV entries were computed with the old weights)."""
-        previous, self.adapter, self.model_name, self.base_step, self.weight_step = self.adapter, None, self.base_model_name, step, step
+        previous, self.adapter, self.model_name, self.base_step, self.weight_step = (
+            self.adapter,
+            None,
+            self.base_model_name,
+            step,
+            step,
+        )
         for url in self.base_urls:
             if previous is not None:
                 self._unload_adapter(url, previous)
@@ -111,7 +119,10 @@ class VLLMEngine(RemoteEngine):
             self._call(url, "load_lora_adapter", body)
         except RemoteError as e:
             if e.code == 404:
-                raise RuntimeError(f"{url} has no /load_lora_adapter: start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora") from e
+                raise RuntimeError(
+                    f"{url} has no /load_lora_adapter: start vLLM with "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
+                ) from e
             raise
 
     def _unload_adapter(self, url: str, name: str) -> None:
@@ -124,5 +135,7 @@ class VLLMEngine(RemoteEngine):
         answer = super()._post(url_body)
         if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
             served = answer.get("model", url_body[1]["model"])
-            answer["weight_step"] = int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else self.base_step
+            answer["weight_step"] = (
+                int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else self.base_step
+            )
         return answer

@@ -31,7 +31,16 @@ def start_recipe_vllm(cli, engine, broadcast, settings) -> VLLMServer:
     settings.host:settings.port (ServerSettings), with the broadcast's vLLM worker extension if any."""
     extension = getattr(broadcast, "vllm_worker_extension", None)  # VLLMNCCLBroadcast's receiver
     with _sigterm_interrupts():
-        return start_vllm(engine.serve, cli.model, cli.datamodule.seq_len, settings.host, settings.port, engine.base_model_name, cli.run_dir, extension)
+        return start_vllm(
+            engine.serve,
+            cli.model,
+            cli.datamodule.seq_len,
+            settings.host,
+            settings.port,
+            engine.base_model_name,
+            cli.run_dir,
+            extension,
+        )
 
 
 def start_for_fit(cli, engine, broadcast, settings) -> StopVLLM | None:
@@ -47,7 +56,10 @@ def start_for_fit(cli, engine, broadcast, settings) -> StopVLLM | None:
             "elsewhere, set serve to null"
         )
     if torch.cuda.is_available() and not serve.colocate and serve.gpu_memory_utilization is None:
-        log.warning("vLLM takes its default share of the GPUs the trainer of `grpokit fit` may use: set inference.init_args.serve.colocate true (or gpu_memory_utilization)")
+        log.warning(
+            "vLLM takes its default share of the GPUs the trainer of `grpokit fit` may "
+            "use: set inference.init_args.serve.colocate true (or gpu_memory_utilization)"
+        )
     server = start_recipe_vllm(cli, engine, broadcast, settings)
     point_at(engine, broadcast, server.url)
     return StopVLLM(server, serve.stop_timeout)
@@ -56,11 +68,17 @@ def start_for_fit(cli, engine, broadcast, settings) -> StopVLLM | None:
 def point_at(engine, broadcast, url: str) -> None:
     """Make the engine (and a broadcast into vLLM's worker) talk to the server at `url` (ending in /v1)."""
     if engine.base_urls != [url]:
-        log.info("grpokit fit samples from the vLLM server it started at %s (not inference.init_args.base_url %s)", url, engine.base_urls[0])
+        log.info(
+            "grpokit fit samples from the vLLM server it started at %s (not inference.init_args.base_url %s)",
+            url,
+            engine.base_urls[0],
+        )
     engine.base_urls = [url]
     if getattr(broadcast, "vllm_worker_extension", None) is not None:
         if broadcast.base_url != url:
-            log.info("broadcast.init_args.base_url %s replaced by the vLLM server fit started, %s", broadcast.base_url, url)
+            log.info(
+                "broadcast.init_args.base_url %s replaced by the vLLM server fit started, %s", broadcast.base_url, url
+            )
         broadcast.base_url = url
 
 
@@ -77,7 +95,12 @@ class StopVLLM(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self.server is not None and self.server.process.poll() is not None:
-            log.error("vLLM exited during the run with code %d; the end of %s:\n%s", self.server.process.returncode, self.server.log_path, self.server.log_tail())
+            log.error(
+                "vLLM exited during the run with code %d; the end of %s:\n%s",
+                self.server.process.returncode,
+                self.server.log_path,
+                self.server.log_tail(),
+            )
         self.stop()
 
     def stop(self) -> None:

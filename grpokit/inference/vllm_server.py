@@ -79,15 +79,25 @@ class VLLMServe:
 
     def __post_init__(self) -> None:
         if not self.command:
-            raise ValueError("inference.init_args.serve.command must name the program that starts vLLM, e.g. [vllm, serve]")
+            raise ValueError(
+                "inference.init_args.serve.command must name the program that starts vLLM, e.g. [vllm, serve]"
+            )
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
             raise ValueError("inference.init_args.serve: tensor_parallel_size and data_parallel_size must be >= 1")
         if self.max_loras < 2:
-            raise ValueError(f"inference.init_args.serve.max_loras must be >= 2 (the next step's adapter loads before the last one unloads), got {self.max_loras}")
+            raise ValueError(
+                "inference.init_args.serve.max_loras must be >= 2 (the next step's "
+                f"adapter loads before the last one unloads), got {self.max_loras}"
+            )
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"inference.init_args.serve.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"inference.init_args.serve.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.max_lora_rank is not None and self.max_lora_rank not in VLLM_LORA_RANKS:
-            raise ValueError(f"inference.init_args.serve.max_lora_rank must be one of vLLM's {VLLM_LORA_RANKS}, got {self.max_lora_rank}")
+            raise ValueError(
+                "inference.init_args.serve.max_lora_rank must be one "
+                f"of vLLM's {VLLM_LORA_RANKS}, got {self.max_lora_rank}"
+            )
 
 
 def lora_rank_for_vllm(rank: int) -> int:
@@ -99,25 +109,49 @@ def lora_rank_for_vllm(rank: int) -> int:
 
 
 def serve_command(
-    serve: VLLMServe, model: str, served_name: str, host: str, port: int, dtype: str, lora_rank: int | None,
-    gpu_memory_utilization: float | None = None, worker_extension: str | None = None,
+    serve: VLLMServe,
+    model: str,
+    served_name: str,
+    host: str,
+    port: int,
+    dtype: str,
+    lora_rank: int | None,
+    gpu_memory_utilization: float | None = None,
+    worker_extension: str | None = None,
 ) -> list[str]:
     """The server's command line. lora_rank: model.lora.rank (None without LoRA); gpu_memory_utilization:
     the value to pass when serve.gpu_memory_utilization is unset (the co-located estimate)."""
     args = [
-        *serve.command, "--model", model, "--served-model-name", served_name, "--host", host, "--port", str(port),
-        "--dtype", serve.dtype or dtype,
-        "--tensor-parallel-size", str(serve.tensor_parallel_size), "--data-parallel-size", str(serve.data_parallel_size),
+        *serve.command,
+        "--model",
+        model,
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        serve.dtype or dtype,
+        "--tensor-parallel-size",
+        str(serve.tensor_parallel_size),
+        "--data-parallel-size",
+        str(serve.data_parallel_size),
     ]
     if serve.max_model_len is not None:
         args += ["--max-model-len", str(serve.max_model_len)]
     enable_lora = lora_rank is not None if serve.enable_lora is None else serve.enable_lora
     if enable_lora:
         if lora_rank is None and serve.max_lora_rank is None:
-            raise ValueError("inference.init_args.serve.enable_lora is true but model.lora is unset: set serve.max_lora_rank")
+            raise ValueError(
+                "inference.init_args.serve.enable_lora is true but model.lora is unset: set serve.max_lora_rank"
+            )
         max_rank = serve.max_lora_rank or lora_rank_for_vllm(lora_rank)
         if lora_rank is not None and max_rank < lora_rank:
-            raise ValueError(f"inference.init_args.serve.max_lora_rank {max_rank} is below model.lora.rank {lora_rank}: vLLM would refuse every adapter")
+            raise ValueError(
+                f"inference.init_args.serve.max_lora_rank {max_rank} is below "
+                f"model.lora.rank {lora_rank}: vLLM would refuse every adapter"
+            )
         args += ["--enable-lora", "--max-lora-rank", str(max_rank), "--max-loras", str(serve.max_loras)]
     utilization = serve.gpu_memory_utilization if serve.gpu_memory_utilization is not None else gpu_memory_utilization
     if utilization is not None:
@@ -147,7 +181,13 @@ class VLLMServer:
     """A vLLM server child process: start, wait until it serves, stop."""
 
     def __init__(self, command: list[str], env: dict[str, str], url: str, served_name: str, log_path: Path) -> None:
-        self.command, self.env, self.url, self.served_name, self.log_path = command, env, url, served_name, Path(log_path)
+        self.command, self.env, self.url, self.served_name, self.log_path = (
+            command,
+            env,
+            url,
+            served_name,
+            Path(log_path),
+        )
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -156,13 +196,19 @@ class VLLMServer:
         with open(self.log_path, "ab") as out:
             try:
                 self.process = subprocess.Popen(
-                    self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                    start_new_session=True, preexec_fn=_term_with_parent(os.getpid()),
+                    self.command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.env,
+                    start_new_session=True,
+                    preexec_fn=_term_with_parent(os.getpid()),
                 )
             except (FileNotFoundError, PermissionError) as e:
                 raise FileNotFoundError(
-                    f"cannot start vLLM: {self.command[0]!r} ({e.strerror}). Install vLLM in this environment (pip install vllm), "
-                    f"or set inference.init_args.serve.command to the program that starts it (e.g. [/path/to/venv/bin/vllm, serve])"
+                    f"cannot start vLLM: {self.command[0]!r} ({e.strerror}). Install vLLM in this "
+                    "environment (pip install vllm), or set inference.init_args.serve.command to "
+                    "the program that starts it (e.g. [/path/to/venv/bin/vllm, serve])"
                 ) from e
 
     def wait_ready(self, timeout: float) -> float:
@@ -170,12 +216,18 @@ class VLLMServer:
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with code {self.process.returncode} while starting; the end of {self.log_path}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM exited with code {self.process.returncode} while "
+                    f"starting; the end of {self.log_path}:\n{self.log_tail()}"
+                )
             if self.serves():
                 return time.monotonic() - start
             time.sleep(1.0)
         self.stop(5.0)
-        raise TimeoutError(f"vLLM did not serve {self.served_name!r} at {self.url} within {timeout:.0f}s (inference.init_args.serve.startup_timeout); the end of {self.log_path}:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"vLLM did not serve {self.served_name!r} at {self.url} within {timeout:.0f}s "
+            f"(inference.init_args.serve.startup_timeout); the end of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def serves(self) -> bool:
         try:
@@ -230,20 +282,35 @@ def check_port_free(host: str, port: int) -> None:
     until it exits, the readiness check could take the other server's answers for its own."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server binds: a closed port in TIME_WAIT is free
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as vLLM's server binds: a closed port in TIME_WAIT is free
         try:
             s.bind((host, port))
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
-                raise RuntimeError(f"vLLM cannot listen on server.host:server.port {host}:{port} ({e.strerror}): set server.host to an address of this machine") from None
+                raise RuntimeError(
+                    f"vLLM cannot listen on server.host:server.port {host}:{port} "
+                    f"({e.strerror}): set server.host to an address of this machine"
+                ) from None
             raise RuntimeError(
-                f"server.host:server.port {host}:{port} is taken ({e.strerror}), by another server (a vLLM or `grpokit infer` "
-                "left running?): set server.port to a free port, or stop that server; to sample from a server started "
-                "elsewhere, set inference.init_args.serve to null and inference.init_args.base_url to its address"
+                f"server.host:server.port {host}:{port} is taken ({e.strerror}), by another "
+                "server (a vLLM or `grpokit infer` left running?): set server.port to a free "
+                "port, or stop that server; to sample from a server started elsewhere, set "
+                "inference.init_args.serve to null and inference.init_args.base_url to its address"
             ) from None
 
 
-def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, served_name: str, run_dir: Path, worker_extension: str | None = None) -> VLLMServer:
+def start_vllm(
+    serve: VLLMServe,
+    policy,
+    seq_len: int,
+    host: str,
+    port: int,
+    served_name: str,
+    run_dir: Path,
+    worker_extension: str | None = None,
+) -> VLLMServer:
     """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
     from grpokit.memory import GIB, colocated_share, policy_trainer_bytes
     from grpokit.models import resolve_model
@@ -252,11 +319,28 @@ def start_vllm(serve: VLLMServe, policy, seq_len: int, host: str, port: int, ser
     if serve.colocate and serve.gpu_memory_utilization is None:
         utilization = colocated_share(policy, seq_len)
         if utilization is not None:
-            log.info("co-located: the trainer needs ~%.1f GiB (grpokit.memory); vLLM gets gpu_memory_utilization %s", policy_trainer_bytes(policy, seq_len)["total"] / GIB, utilization)
+            log.info(
+                "co-located: the trainer needs ~%.1f GiB (grpokit.memory); vLLM gets gpu_memory_utilization %s",
+                policy_trainer_bytes(policy, seq_len)["total"] / GIB,
+                utilization,
+            )
     if worker_extension is not None and (serve.tensor_parallel_size, serve.data_parallel_size) != (1, 1):
-        raise ValueError("broadcast VLLMNCCLBroadcast joins one vLLM worker to the trainer's group: set inference.init_args.serve tensor_parallel_size and data_parallel_size to 1, or use FilesystemBroadcast (LoRA hot reload)")
+        raise ValueError(
+            "broadcast VLLMNCCLBroadcast joins one vLLM worker to the trainer's group: set inference.init_args.serve "
+            "tensor_parallel_size and data_parallel_size to 1, or use FilesystemBroadcast (LoRA hot reload)"
+        )
     lora_rank = policy.lora.rank if policy.lora is not None else None
-    command = serve_command(serve, resolve_model(policy.model_name), served_name, host, port, policy.dtype_name, lora_rank, utilization, worker_extension)
+    command = serve_command(
+        serve,
+        resolve_model(policy.model_name),
+        served_name,
+        host,
+        port,
+        policy.dtype_name,
+        lora_rank,
+        utilization,
+        worker_extension,
+    )
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
     check_port_free(host, port)
     env = serve_env(serve, lora="--enable-lora" in command, worker_extension=worker_extension)

@@ -73,14 +73,23 @@ class NCCLWeightReceiver:
         norms = tensors_sha256(update.norm_tensors) if update.norm_tensors else None
         if update.lora_config is not None:
             self._grpokit_load_norms(update.norm_tensors)
-            return {"step": update.step, "lora_path": self._grpokit_write_adapter(update), "lora_config": update.lora_config, "sha256": received, "norms_sha256": norms}
+            return {
+                "step": update.step,
+                "lora_path": self._grpokit_write_adapter(update),
+                "lora_config": update.lora_config,
+                "sha256": received,
+                "norms_sha256": norms,
+            }
         self._grpokit_load_full({**update.tensors, **update.norm_tensors})  # the noisy norms replace the clean ones
         return {"step": update.step, "lora_path": None, "lora_config": None, "sha256": received, "norms_sha256": norms}
 
     def grpokit_parameters_sha256(self) -> dict:
         """{name: sha256 of the raw bytes} of every parameter of vLLM's model."""
         model = self.model_runner.get_model()
-        return {name: hashlib.sha256(as_bytes(p.detach().contiguous().cpu()).numpy().tobytes()).hexdigest() for name, p in model.named_parameters()}
+        return {
+            name: hashlib.sha256(as_bytes(p.detach().contiguous().cpu()).numpy().tobytes()).hexdigest()
+            for name, p in model.named_parameters()
+        }
 
     def _grpokit_load_full(self, tensors: dict[str, torch.Tensor]) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
@@ -103,7 +112,10 @@ class NCCLWeightReceiver:
         loaded = self.model_runner.get_model().load_weights(weights=iter(norms.items()))
         missing = sorted(set(norms) - set(loaded or ()))
         if missing:
-            raise ValueError(f"vLLM's model did not load the noisy norm weights {missing[:5]}: trainer and server must serve the same model.model (or turn model.noise_scheduler off)")
+            raise ValueError(
+                f"vLLM's model did not load the noisy norm weights {missing[:5]}: trainer and "
+                "server must serve the same model.model (or turn model.noise_scheduler off)"
+            )
 
     def _grpokit_write_adapter(self, update) -> str:
         folder = self._grpokit_adapters / f"step_{update.step}"

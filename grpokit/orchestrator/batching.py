@@ -45,29 +45,59 @@ def resolve_batch_shape(
 ) -> BatchShape:
     """Check the combination and fill what was left out; errors state the formula they break."""
     if rollouts_per_example is not None and num_generations is not None and rollouts_per_example != num_generations:
-        raise ValueError(f"data.rollouts_per_example ({rollouts_per_example}) and its alias data.num_generations ({num_generations}) disagree: set one")
+        raise ValueError(
+            f"data.rollouts_per_example ({rollouts_per_example}) and its "
+            f"alias data.num_generations ({num_generations}) disagree: set one"
+        )
     g = rollouts_per_example or num_generations or 8
     if num_iterations < 1:
-        raise ValueError(f"data.num_iterations must be >= 1 (optimizer passes over one generation), got {num_iterations}")
+        raise ValueError(
+            f"data.num_iterations must be >= 1 (optimizer passes over one generation), got {num_iterations}"
+        )
     if generation_batch_size is not None:
-        if generation_batch_size % g:
-            raise ValueError(f"data.generation_batch_size ({generation_batch_size}) % data.num_generations ({g}) must be 0: a generation holds whole groups")
-        if batch_size is None and steps_per_generation is None:
-            steps_per_generation = 1
-        if batch_size is None:
-            if generation_batch_size % steps_per_generation:
-                raise ValueError(f"data.generation_batch_size ({generation_batch_size}) % data.steps_per_generation ({steps_per_generation}) must be 0")
-            batch_size = generation_batch_size // steps_per_generation
-        elif steps_per_generation is None:
-            if generation_batch_size % batch_size:
-                raise ValueError(f"data.generation_batch_size ({generation_batch_size}) must be a multiple of data.batch_size ({batch_size})")
-            steps_per_generation = generation_batch_size // batch_size
-        elif batch_size * steps_per_generation != generation_batch_size:
-            raise ValueError(f"data.generation_batch_size ({generation_batch_size}) must equal data.batch_size ({batch_size}) * data.steps_per_generation ({steps_per_generation})")
+        batch_size, steps_per_generation = _split_generation(generation_batch_size, g, batch_size, steps_per_generation)
     batch_size = 32 if batch_size is None else batch_size
     steps_per_generation = 1 if steps_per_generation is None else steps_per_generation
     if g < 1 or batch_size < 1 or batch_size % g:
-        raise ValueError(f"data.batch_size ({batch_size}) must be a positive multiple of data.rollouts_per_example ({g}): batch_size = prompts per step * rollouts_per_example")
+        raise ValueError(
+            f"data.batch_size ({batch_size}) must be a positive multiple of "
+            f"data.rollouts_per_example ({g}): batch_size = prompts per step * rollouts_per_example"
+        )
     if steps_per_generation < 1:
         raise ValueError(f"data.steps_per_generation must be >= 1, got {steps_per_generation}")
     return BatchShape(batch_size, g, steps_per_generation, num_iterations)
+
+
+def _split_generation(
+    generation_batch_size: int, g: int, batch_size: int | None, steps_per_generation: int | None
+) -> tuple[int, int]:
+    """(batch_size, steps_per_generation) for a given data.generation_batch_size of groups of `g` rollouts:
+    fill whichever of the two was left out (steps_per_generation 1 when both were) and check that
+    batch_size * steps_per_generation makes up the generation."""
+    if generation_batch_size % g:
+        raise ValueError(
+            f"data.generation_batch_size ({generation_batch_size}) % "
+            f"data.num_generations ({g}) must be 0: a generation holds whole groups"
+        )
+    if batch_size is None and steps_per_generation is None:
+        steps_per_generation = 1
+    if batch_size is None:
+        if generation_batch_size % steps_per_generation:
+            raise ValueError(
+                f"data.generation_batch_size ({generation_batch_size}) % "
+                f"data.steps_per_generation ({steps_per_generation}) must be 0"
+            )
+        batch_size = generation_batch_size // steps_per_generation
+    elif steps_per_generation is None:
+        if generation_batch_size % batch_size:
+            raise ValueError(
+                f"data.generation_batch_size ({generation_batch_size}) "
+                f"must be a multiple of data.batch_size ({batch_size})"
+            )
+        steps_per_generation = generation_batch_size // batch_size
+    elif batch_size * steps_per_generation != generation_batch_size:
+        raise ValueError(
+            f"data.generation_batch_size ({generation_batch_size}) must equal data.batch_size "
+            f"({batch_size}) * data.steps_per_generation ({steps_per_generation})"
+        )
+    return batch_size, steps_per_generation

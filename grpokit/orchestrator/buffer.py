@@ -47,20 +47,47 @@ class BufferSettings:
     def __post_init__(self) -> None:
         if self.max_resample_times < 0:
             raise ValueError(f"data.buffer.max_resample_times must be >= 0, got {self.max_resample_times}")
-        if self.easy_threshold is not None and self.hard_threshold is not None and self.easy_threshold <= self.hard_threshold:
-            raise ValueError(f"data.buffer.easy_threshold ({self.easy_threshold}) must be > data.buffer.hard_threshold ({self.hard_threshold}): an example cannot be both")
-        for pool, fraction, threshold in (("easy", self.easy_fraction, self.easy_threshold), ("hard", self.hard_fraction, self.hard_threshold)):
+        if (
+            self.easy_threshold is not None
+            and self.hard_threshold is not None
+            and self.easy_threshold <= self.hard_threshold
+        ):
+            raise ValueError(
+                f"data.buffer.easy_threshold ({self.easy_threshold}) must be > "
+                f"data.buffer.hard_threshold ({self.hard_threshold}): an example cannot be both"
+            )
+        for pool, fraction, threshold in (
+            ("easy", self.easy_fraction, self.easy_threshold),
+            ("hard", self.hard_fraction, self.hard_threshold),
+        ):
             if not 0 <= fraction <= 1:
-                raise ValueError(f"data.buffer.{pool}_fraction must be in [0, 1] (share of the {pool} pool returned on resume), got {fraction}")
+                raise ValueError(
+                    f"data.buffer.{pool}_fraction must be in [0, 1] (share "
+                    f"of the {pool} pool returned on resume), got {fraction}"
+                )
             if fraction and threshold is None:
-                raise ValueError(f"data.buffer.{pool}_fraction is set but data.buffer.{pool}_threshold is not: there is no {pool} pool to return examples from")
+                raise ValueError(
+                    f"data.buffer.{pool}_fraction is set but data.buffer.{pool}_threshold "
+                    f"is not: there is no {pool} pool to return examples from"
+                )
         if self.hash_keys is not None and not self.hash_keys:
             raise ValueError("data.buffer.hash_keys must name at least one example field (e.g. [prompt]), or be null")
         if self.skip_verification:
-            uses_rewards = [name for name, on in (("online_difficulty_filtering", self.online_difficulty_filtering), ("dynamic_sampling", self.dynamic_sampling),
-                            ("easy_threshold", self.easy_threshold is not None), ("hard_threshold", self.hard_threshold is not None)) if on]
+            uses_rewards = [
+                name
+                for name, on in (
+                    ("online_difficulty_filtering", self.online_difficulty_filtering),
+                    ("dynamic_sampling", self.dynamic_sampling),
+                    ("easy_threshold", self.easy_threshold is not None),
+                    ("hard_threshold", self.hard_threshold is not None),
+                )
+                if on
+            ]
             if uses_rewards:
-                raise ValueError(f"data.buffer.skip_verification leaves every reward 0, so data.buffer.{uses_rewards[0]} cannot work: unset one of them")
+                raise ValueError(
+                    "data.buffer.skip_verification leaves every reward 0, so "
+                    f"data.buffer.{uses_rewards[0]} cannot work: unset one of them"
+                )
 
     @property
     def uses_pools(self) -> bool:

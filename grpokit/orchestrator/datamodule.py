@@ -107,12 +107,22 @@ class Orchestrator(L.LightningDataModule):
                 that learn from demonstrations, such as Chord); null adds none.
         """
         super().__init__()
-        self.shape = resolve_batch_shape(batch_size, rollouts_per_example, generation_batch_size, steps_per_generation, num_generations, num_iterations)
+        self.shape = resolve_batch_shape(
+            batch_size,
+            rollouts_per_example,
+            generation_batch_size,
+            steps_per_generation,
+            num_generations,
+            num_iterations,
+        )
         batch_size, rollouts_per_example = self.shape.batch_size, self.shape.rollouts_per_example
         if max_async_level < 0:
             raise ValueError(f"data.max_async_level must be >= 0, got {max_async_level}")
         if max_off_policy_steps < max_async_level:
-            raise ValueError(f"data.max_off_policy_steps ({max_off_policy_steps}) must be >= data.max_async_level ({max_async_level}): every batch may be that stale")
+            raise ValueError(
+                f"data.max_off_policy_steps ({max_off_policy_steps}) must be >= "
+                f"data.max_async_level ({max_async_level}): every batch may be that stale"
+            )
         if advantage is None:
             from grpokit.registry.advantages.group_norm import GroupNorm
 
@@ -126,7 +136,10 @@ class Orchestrator(L.LightningDataModule):
         self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
         self.sampling = sampling or SamplingSettings()
         if temp_scheduler is not None and self.sampling.temperature is not None:
-            raise ValueError("set either data.sampling.temperature or data.temp_scheduler, not both (the schedule sets the temperature of each step)")
+            raise ValueError(
+                "set either data.sampling.temperature or data.temp_scheduler, "
+                "not both (the schedule sets the temperature of each step)"
+            )
         self.temp_scheduler = temp_scheduler
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.packing, self.trainer_shares_prefixes = packing, False
@@ -142,7 +155,14 @@ class Orchestrator(L.LightningDataModule):
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def connect(
-        self, engine: InferenceEngine, broadcast: WeightBroadcast, tokenizer, run_dir: Path, max_steps: int, start_step: int = 0, restore_buffer: bool = True,
+        self,
+        engine: InferenceEngine,
+        broadcast: WeightBroadcast,
+        tokenizer,
+        run_dir: Path,
+        max_steps: int,
+        start_step: int = 0,
+        restore_buffer: bool = True,
         trainer_shares_prefixes: bool = False,
     ) -> None:
         """Give the orchestrator its engine, broadcast, tokenizer and run folder (the rollout side), and
@@ -160,15 +180,21 @@ class Orchestrator(L.LightningDataModule):
         ratios = [spec.ratio for spec in self.env_specs]
         if any(r is not None for r in ratios) and any(r is None for r in ratios):
             raise ValueError("data.env: set ratio on every environment or on none")
-        self.pools = DifficultyPools(self.buffer, self.run_dir / "buffer.jsonl", self.seed) if self.buffer.uses_pools else None
+        self.pools = (
+            DifficultyPools(self.buffer, self.run_dir / "buffer.jsonl", self.seed) if self.buffer.uses_pools else None
+        )
         if self.pools is not None:
             generation = self.shape.locate(start_step)[0]
             returned = self.pools.resume(generation, restore_buffer)
             log.info("easy/hard pools restored: %s (returned to sampling: %s)", self.pools.sizes(), returned)
         excluded = (lambda block: self.pools.excluded(block // self.buffer.rounds)) if self.pools is not None else None
         key = hash_key(self.buffer.hash_keys) if self.buffer.hash_keys else None
-        self.prompts = PromptSampler(self.envs, self.seed, ratios=None if ratios[0] is None else ratios, key=key, excluded=excluded)
-        self.evaluator = Evaluator(self.eval_settings, scored, self.sampling, self.run_dir) if self.eval_settings else None
+        self.prompts = PromptSampler(
+            self.envs, self.seed, ratios=None if ratios[0] is None else ratios, key=key, excluded=excluded
+        )
+        self.evaluator = (
+            Evaluator(self.eval_settings, scored, self.sampling, self.run_dir) if self.eval_settings else None
+        )
 
     def connect_trainer(self, run_dir: Path, max_steps: int, start_step: int = 0) -> None:
         """Only the trainer's side: receive batches start_step .. max_steps - 1 (`grpokit train`)."""
@@ -178,7 +204,9 @@ class Orchestrator(L.LightningDataModule):
     # ---- the rollout loop -------------------------------------------------------------------------
     def start(self, first_step: int | None = None) -> None:
         """Run the rollout loop in a daemon thread (co-locate mode), from `first_step` (default start_step)."""
-        self._thread = threading.Thread(target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator", daemon=True
+        )
         self._thread.start()
 
     def _run_guarded(self, first_step: int | None) -> None:
@@ -209,25 +237,53 @@ class Orchestrator(L.LightningDataModule):
         per_step = self.shape.prompts_per_step
         chunk_groups = kept[chunk * per_step : (chunk + 1) * per_step]
         groups = [g for g in chunk_groups if step - min(r.policy_step for r in g) <= self.max_off_policy_steps]
-        generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else generated  # what the metrics describe
+        generated = (
+            chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else generated
+        )  # what the metrics describe
         rollouts = [r for g in groups for r in g]
         all_rollouts = [r for g in generated for r in g] or rollouts
         check_not_from_the_future(step, all_rollouts)
         advantages = self.advantage.token_advantages(groups)
         flags = {f.name: f.flag(rollouts) for f in self.filters}
         trainable = [not any(flags[f.name][i] for f in self.filters if f.enforce) for i in range(len(rollouts))]
-        metrics = batch_metrics(step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags)
+        metrics = batch_metrics(
+            step, all_rollouts, torch.tensor([[r.reward for r in g] for g in generated], dtype=torch.float64), flags
+        )
         fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
         metrics.update(self.pools.sizes() if self.pools is not None else {})
-        metrics.update(temperature=self.temperature(generation), gen_time=gen_time if fresh else 0.0, groups_generated=float(len(generated)), groups_trained=float(len(groups)), dropped_off_policy_groups=float(len(chunk_groups) - len(groups)), **(eval_metrics if fresh else {}))
+        metrics.update(
+            temperature=self.temperature(generation),
+            gen_time=gen_time if fresh else 0.0,
+            groups_generated=float(len(generated)),
+            groups_trained=float(len(groups)),
+            dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
+            **(eval_metrics if fresh else {}),
+        )
         self._log_samples(step, all_rollouts)
         experts = expert_rollouts(groups, self.envs, self.tokenizer, self.expert) if self.expert else []
         metrics["expert_seqs"] = float(len(experts))
         tree = self.packing == "prefix_tree" or (self.packing == "auto" and self.trainer_shares_prefixes)
-        micro_batches = pack(rollouts + experts, advantages + [[0.0] * len(r.completion_ids) for r in experts], trainable + [True] * len(experts), self.seq_len, prefix_tree=tree)
-        metrics["packing_efficiency"] = sum(num_positions(mb, tree) for mb in micro_batches) / max(len(micro_batches) * self.seq_len, 1)
-        record_timeline(self.run_dir, "orchestrator", step, wall_start - (gen_time if fresh else 0.0), time.time(), policy_step=min(r.policy_step for r in all_rollouts))
-        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=self.temperature(generation) or 1.0, metrics=metrics)
+        micro_batches = pack(
+            rollouts + experts,
+            advantages + [[0.0] * len(r.completion_ids) for r in experts],
+            trainable + [True] * len(experts),
+            self.seq_len,
+            prefix_tree=tree,
+        )
+        metrics["packing_efficiency"] = sum(num_positions(mb, tree) for mb in micro_batches) / max(
+            len(micro_batches) * self.seq_len, 1
+        )
+        record_timeline(
+            self.run_dir,
+            "orchestrator",
+            step,
+            wall_start - (gen_time if fresh else 0.0),
+            time.time(),
+            policy_step=min(r.policy_step for r in all_rollouts),
+        )
+        return TrainingBatch(
+            step=step, micro_batches=micro_batches, temperature=self.temperature(generation) or 1.0, metrics=metrics
+        )
 
     def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
         """(every group sampled for `generation`, the groups it trains on), per the buffer rules.
@@ -240,9 +296,13 @@ class Orchestrator(L.LightningDataModule):
         generated, kept = [], []
         for round_ in range(self.buffer.rounds):
             block = generation * self.buffer.rounds + round_
-            sampling = replace(self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(generation))
+            sampling = replace(
+                self.sampling, seed=self.sampling.seed * 1_000_003 + block, temperature=self.temperature(generation)
+            )
             prompts = self.prompts.take(block, num_prompts)
-            groups = generate_rollouts(self.engine, self.tokenizer, prompts, self.rollouts_per_example, sampling, block * num_prompts)
+            groups = generate_rollouts(
+                self.engine, self.tokenizer, prompts, self.rollouts_per_example, sampling, block * num_prompts
+            )
             for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
                 self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
             generated += groups
@@ -271,20 +331,36 @@ class Orchestrator(L.LightningDataModule):
                 raise RuntimeError("orchestrator stopped while waiting for weights")
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): is the trainer (`grpokit train`) "
-                    f"running and publishing through the same broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
+                    f"no weights of step >= {min_step} after {self.timeout:.0f}s (data.timeout): "
+                    "is the trainer (`grpokit train`) running and publishing through the same "
+                    f"broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
                 )
             time.sleep(0.05)
 
     def _source_hint(self) -> str:
         if self.weights is self.broadcast:
             return ""
-        return f" to the server (`grpokit infer`: only it may poll this broadcast, so the orchestrator asks it; it holds step {self.engine.weight_step})"
+        return (
+            " to the server (`grpokit infer`: only it may poll this broadcast, "
+            f"so the orchestrator asks it; it holds step {self.engine.weight_step})"
+        )
 
     def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
         with open(self.run_dir / "samples.jsonl", "a") as f:
             for r in rollouts[: self.num_logged_samples]:
-                f.write(json.dumps({"step": step, "env": r.env_id, "example_id": r.example_id, "policy_step": r.policy_step, "reward": r.reward, "completion": r.completion_text}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "env": r.env_id,
+                            "example_id": r.example_id,
+                            "policy_step": r.policy_step,
+                            "reward": r.reward,
+                            "completion": r.completion_text,
+                        }
+                    )
+                    + "\n"
+                )
 
     # ---- the trainer's side -----------------------------------------------------------------------
     def train_dataloader(self):
@@ -301,8 +377,9 @@ class Orchestrator(L.LightningDataModule):
             except TimeoutError as e:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"no batch for step {step} after {self.timeout:.0f}s (data.timeout): the orchestrator (`grpokit "
-                        f"orchestrate`, or the rollout thread of `grpokit fit`) sent none. The transport says: {e}"
+                        f"no batch for step {step} after {self.timeout:.0f}s (data.timeout): "
+                        "the orchestrator (`grpokit orchestrate`, or the rollout thread of "
+                        f"`grpokit fit`) sent none. The transport says: {e}"
                     ) from None
 
     def teardown(self, stage: str) -> None:
@@ -318,9 +395,9 @@ def check_not_from_the_future(step: int, rollouts: list[Rollout]) -> None:
     newest = max((r.policy_step for r in rollouts), default=-1)
     if newest > step:
         raise RuntimeError(
-            f"the batch for step {step} was sampled with weights of step {newest}: the trainer restarted from an earlier "
-            "checkpoint while the engine kept newer weights. Restart the engine (`grpokit infer`) after the trainer, then "
-            "the orchestrator (docs/reliability.md)."
+            f"the batch for step {step} was sampled with weights of step {newest}: the trainer "
+            "restarted from an earlier checkpoint while the engine kept newer weights. Restart the "
+            "engine (`grpokit infer`) after the trainer, then the orchestrator (docs/reliability.md)."
         )
 
 

@@ -43,7 +43,9 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.num_examples < 1 or self.rollouts_per_example < 1:
-            raise ValueError(f"data.eval: interval >= 0, num_examples >= 1 and rollouts_per_example >= 1 are required, got {self}")
+            raise ValueError(
+                f"data.eval: interval >= 0, num_examples >= 1 and rollouts_per_example >= 1 are required, got {self}"
+            )
 
     def due(self, weight_step: int, last_evaluated: int | None) -> bool:
         """Whether the weights of `weight_step` should be evaluated now: the first weights at or past the
@@ -60,17 +62,26 @@ class EvalSettings:
 class Evaluator:
     """Holds the eval environments and prompts; `run()` returns eval metrics for the engine's weights."""
 
-    def __init__(self, settings: EvalSettings, training_envs: list[Environment], sampling: SamplingSettings, run_dir: Path) -> None:
+    def __init__(
+        self, settings: EvalSettings, training_envs: list[Environment], sampling: SamplingSettings, run_dir: Path
+    ) -> None:
         self.settings, self.run_dir = settings, Path(run_dir)
         envs = [Environment(spec) for spec in settings.env] if settings.env else training_envs
         self.prompts = PromptSampler(envs, settings.seed).next(settings.num_examples)
-        self.sampling = replace(sampling, temperature=settings.temperature, seed=settings.seed, max_tokens=settings.max_tokens or sampling.max_tokens)
+        self.sampling = replace(
+            sampling,
+            temperature=settings.temperature,
+            seed=settings.seed,
+            max_tokens=settings.max_tokens or sampling.max_tokens,
+        )
         self.last_evaluated: int | None = None
 
     def maybe_run(self, engine: InferenceEngine, tokenizer) -> dict[str, float]:
         if not self.settings.due(engine.weight_step, self.last_evaluated):
             return {}
-        groups = generate_rollouts(engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0)
+        groups = generate_rollouts(
+            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0
+        )
         rollouts = [r for g in groups for r in g]
         metrics = {
             "eval/reward": sum(r.reward for r in rollouts) / len(rollouts),

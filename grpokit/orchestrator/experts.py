@@ -33,7 +33,9 @@ class ExpertSettings:
     template: str = "{answer}"
 
 
-def expert_rollouts(groups: list[list[Rollout]], envs: list[Environment], tokenizer, settings: ExpertSettings) -> list[Rollout]:
+def expert_rollouts(
+    groups: list[list[Rollout]], envs: list[Environment], tokenizer, settings: ExpertSettings
+) -> list[Rollout]:
     """One expert Rollout per group: the group's prompt, the reference completion, is_expert=True."""
     by_name = {env.name: env for env in envs}
     out = []
@@ -42,14 +44,26 @@ def expert_rollouts(groups: list[list[Rollout]], envs: list[Environment], tokeni
         data = by_name[first.env_id].examples[first.example_id].task.data
         if not hasattr(data, settings.field):
             raise ValueError(
-                f"data.expert.field is {settings.field!r}, but environment {first.env_id!r} example {first.example_id} has no such "
-                f"field in its task data: set data.expert.field to the field holding its reference answer, or remove data.expert"
+                f"data.expert.field is {settings.field!r}, but environment {first.env_id!r} "
+                f"example {first.example_id} has no such field in its task data: set "
+                "data.expert.field to the field holding its reference answer, or remove data.expert"
             )
         text = settings.template.format(answer=getattr(data, settings.field))
         ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        out.append(Rollout(
-            example_id=first.example_id, env_id=first.env_id, group_id=first.group_id, prompt_ids=list(first.prompt_ids),
-            completion_ids=ids, completion_logprobs=[0.0] * len(ids), completion_mask=[1] * len(ids), reward=0.0,
-            is_truncated=False, policy_step=min(r.policy_step for r in group), completion_text=text, is_expert=True,
-        ))
+        out.append(
+            Rollout(
+                example_id=first.example_id,
+                env_id=first.env_id,
+                group_id=first.group_id,
+                prompt_ids=list(first.prompt_ids),
+                completion_ids=ids,
+                completion_logprobs=[0.0] * len(ids),
+                completion_mask=[1] * len(ids),
+                reward=0.0,
+                is_truncated=False,
+                policy_step=min(r.policy_step for r in group),
+                completion_text=text,
+                is_expert=True,
+            )
+        )
     return out

@@ -18,7 +18,9 @@ from grpokit.types import MicroBatch, Rollout
 def check_fits(length: int, capacity: int) -> None:
     """A sequence longer than a whole micro-batch cannot be packed (tokens and tree nodes alike)."""
     if length > capacity:
-        raise ValueError(f"a sequence of {length} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens")
+        raise ValueError(
+            f"a sequence of {length} tokens exceeds data.seq_len={capacity}: raise seq_len or lower sampling.max_tokens"
+        )
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -74,7 +76,13 @@ def _shared_depth(trie: dict, seq: list[int]) -> int:
     return depth
 
 
-def pack(rollouts: list[Rollout], advantages: list[list[float]], trainable: list[bool], seq_len: int, prefix_tree: bool = False) -> list[MicroBatch]:
+def pack(
+    rollouts: list[Rollout],
+    advantages: list[list[float]],
+    trainable: list[bool],
+    seq_len: int,
+    prefix_tree: bool = False,
+) -> list[MicroBatch]:
     """Pack rollouts (prompt + completion each) into micro-batches.
 
     `advantages` holds one value per completion token of each rollout (Advantage.token_advantages).

@@ -36,7 +36,9 @@ POOLS = ("easy", "hard")
 def example_fields(env: Environment, ex: Example) -> dict:
     """The fields hash_keys may name: `env`, `prompt` (the chat messages), `index`, and the task's data fields."""
     data = getattr(ex.task, "data", None)
-    fields = data.model_dump(mode="json") if hasattr(data, "model_dump") else dict(data) if isinstance(data, dict) else {}
+    fields = (
+        data.model_dump(mode="json") if hasattr(data, "model_dump") else dict(data) if isinstance(data, dict) else {}
+    )
     return {**fields, "env": env.name, "prompt": ex.messages, "index": ex.index}
 
 
@@ -47,8 +49,13 @@ def hash_key(hash_keys: list[str]):
         fields = example_fields(env, ex)
         missing = [k for k in hash_keys if k not in fields]
         if missing:
-            raise ValueError(f"data.buffer.hash_keys names {missing}, which example {ex.index} of environment {env.name!r} lacks; its fields: {sorted(fields)}")
-        return hashlib.sha256(json.dumps([fields[k] for k in hash_keys], sort_keys=True, default=str).encode()).hexdigest()
+            raise ValueError(
+                f"data.buffer.hash_keys names {missing}, which example {ex.index} "
+                f"of environment {env.name!r} lacks; its fields: {sorted(fields)}"
+            )
+        return hashlib.sha256(
+            json.dumps([fields[k] for k in hash_keys], sort_keys=True, default=str).encode()
+        ).hexdigest()
 
     return key
 
@@ -112,7 +119,11 @@ class DifficultyPools:
 def restart_log(path: Path, until_generation: int | None) -> int:
     """Start a new count (ckpt.skip_progress): keep the moves of generations < until_generation (None:
     none, ckpt.skip_buffer), as made before generation 0, and rewrite the log. Returns the moves kept."""
-    events = [{**e, "generation": -1} for e in read_log(path) if until_generation is not None and e["generation"] < until_generation]
+    events = [
+        {**e, "generation": -1}
+        for e in read_log(path)
+        if until_generation is not None and e["generation"] < until_generation
+    ]
     if path.exists() or events:
         atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in events))
     return len(events)

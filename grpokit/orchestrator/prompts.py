@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from grpokit.env import Environment, Example
 
@@ -47,8 +47,13 @@ class PromptSampler:
     _epochs: dict[int, tuple[list[int], list[list[Item]]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.ratios is not None and (len(self.ratios) != len(self.envs) or min(self.ratios) < 0 or sum(self.ratios) <= 0):
-            raise ValueError(f"data.env ratios must be one non-negative weight per environment with a positive sum, got {self.ratios}")
+        if self.ratios is not None and (
+            len(self.ratios) != len(self.envs) or min(self.ratios) < 0 or sum(self.ratios) <= 0
+        ):
+            raise ValueError(
+                "data.env ratios must be one non-negative weight per "
+                f"environment with a positive sum, got {self.ratios}"
+            )
         self.pools = [self._unique([(env, ex) for env in self.envs for ex in env.examples])]
         self.pools += [self._unique([(env, ex) for ex in env.examples]) for env in self.envs]
 
@@ -96,7 +101,10 @@ class PromptSampler:
         pool = [it for it in self.pools[stream] if self.key_of(*it) not in excluded] if excluded else self.pools[stream]
         if not pool:
             names = "all environments" if stream == 0 else f"environment {self.envs[stream - 1].name!r}"
-            raise ValueError(f"every example of {names} is in the easy or hard pool: lower data.buffer.easy_threshold, raise data.buffer.hard_threshold, or resume with data.buffer.easy_fraction / hard_fraction > 0")
+            raise ValueError(
+                f"every example of {names} is in the easy or hard pool: lower data.buffer.easy_threshold, "
+                "raise data.buffer.hard_threshold, or resume with data.buffer.easy_fraction / hard_fraction > 0"
+            )
         order = list(range(len(pool)))
         base = self.seed * 7919 + epoch  # stream 0 (the pooled order) keeps the seed formula results were measured with
         random.Random(base if stream == 0 else base * 31 + stream).shuffle(order)

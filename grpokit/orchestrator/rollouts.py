@@ -30,22 +30,36 @@ def generate_rollouts(
 ) -> list[list[Rollout]]:
     """Sample `rollouts_per_example` completions per prompt and score them (and their steps, where the
     environment reports step rewards); one list per group."""
-    prompt_ids = [tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False) for _, ex in prompts]
+    prompt_ids = [
+        tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for _, ex in prompts
+    ]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
         replies = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in comps]
         scores = env.score([ex] * len(comps), replies)
         steps = env.step_rewards([ex] * len(comps), replies)
-        groups.append([
-            Rollout(
-                example_id=ex.index, env_id=env.name, group_id=first_group_id + g, prompt_ids=list(ids),
-                completion_ids=c.token_ids, **logprob_fields(c, metrics, env, ex),
-                reward=reward, is_truncated=c.is_truncated, policy_step=c.policy_step, completion_text=text,
-                **rollout_steps(s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)),
-            )
-            for c, text, (reward, metrics), s in zip(comps, replies, scores, steps)
-        ])
+        groups.append(
+            [
+                Rollout(
+                    example_id=ex.index,
+                    env_id=env.name,
+                    group_id=first_group_id + g,
+                    prompt_ids=list(ids),
+                    completion_ids=c.token_ids,
+                    **logprob_fields(c, metrics, env, ex),
+                    reward=reward,
+                    is_truncated=c.is_truncated,
+                    policy_step=c.policy_step,
+                    completion_text=text,
+                    **rollout_steps(
+                        s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
+                    ),
+                )
+                for c, text, (reward, metrics), s in zip(comps, replies, scores, steps)
+            ]
+        )
     return groups
 
 
@@ -56,5 +70,16 @@ def logprob_fields(completion: Completion, metrics: dict[str, float], env: Envir
     if all(map(math.isfinite, completion.logprobs)):
         return {"completion_logprobs": completion.logprobs, "completion_mask": [1] * n, "metrics": metrics}
     bad = sum(not math.isfinite(x) for x in completion.logprobs)
-    log.warning("environment %r example %d: the engine returned %d non-finite logprobs of %d; the completion is masked out of the loss", env.name, example.index, bad, n)
-    return {"completion_logprobs": [0.0] * n, "completion_mask": [0] * n, "metrics": {**metrics, NONFINITE_LOGPROBS: 1.0}}
+    log.warning(
+        "environment %r example %d: the engine returned %d non-finite "
+        "logprobs of %d; the completion is masked out of the loss",
+        env.name,
+        example.index,
+        bad,
+        n,
+    )
+    return {
+        "completion_logprobs": [0.0] * n,
+        "completion_mask": [0] * n,
+        "metrics": {**metrics, NONFINITE_LOGPROBS: 1.0},
+    }

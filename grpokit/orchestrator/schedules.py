@@ -23,7 +23,9 @@ class TemperatureSchedule:
 
     def __post_init__(self) -> None:
         if self.start_temperature <= 0 or self.end_temperature <= 0:
-            raise ValueError(f"data.temp_scheduler temperatures must be > 0, got {self.start_temperature}, {self.end_temperature}")
+            raise ValueError(
+                f"data.temp_scheduler temperatures must be > 0, got {self.start_temperature}, {self.end_temperature}"
+            )
 
     def at(self, step: int, max_steps: int) -> float:
         progress = min(1.0, step / max(1, max_steps - 1))

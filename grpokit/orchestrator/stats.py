@@ -7,7 +7,9 @@ import torch
 from grpokit.types import Rollout
 
 
-def batch_metrics(step: int, rollouts: list[Rollout], rewards_PG: torch.Tensor, flags: dict[str, list[bool]]) -> dict[str, float]:
+def batch_metrics(
+    step: int, rollouts: list[Rollout], rewards_PG: torch.Tensor, flags: dict[str, list[bool]]
+) -> dict[str, float]:
     lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float64)
     gaps = torch.tensor([step - r.policy_step for r in rollouts], dtype=torch.float64)
     metrics = {

@@ -7,7 +7,7 @@ indices through the tokenizer's own decoding, the same decoding that produced th
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def token_step_ends(decode: Callable[[list[int]], str], token_ids: list[int], char_ends: list[int]) -> list[int]:
@@ -29,8 +29,13 @@ def token_step_ends(decode: Callable[[list[int]], str], token_ids: list[int], ch
     return out
 
 
-def rollout_steps(steps: list[tuple[int, float]] | None, token_ids: list[int], decode: Callable[[list[int]], str]) -> dict:
+def rollout_steps(
+    steps: list[tuple[int, float]] | None, token_ids: list[int], decode: Callable[[list[int]], str]
+) -> dict:
     """The Rollout fields step_rewards and step_ends for an environment's (end character, reward) steps."""
     if steps is None:
         return {"step_rewards": None, "step_ends": None}
-    return {"step_rewards": [r for _, r in steps], "step_ends": token_step_ends(decode, token_ids, [e for e, _ in steps])}
+    return {
+        "step_rewards": [r for _, r in steps],
+        "step_ends": token_step_ends(decode, token_ids, [e for e, _ in steps]),
+    }

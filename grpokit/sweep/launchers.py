@@ -44,7 +44,13 @@ class LocalLauncher(Launcher):
         with open(log_path, "ab") as log:
             log.write(f"# {' '.join(command)}\n".encode())
             log.flush()
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(os.getpid()))
+            return subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
 
     def poll(self, handle: subprocess.Popen) -> int | None:
         return handle.poll()
@@ -94,7 +100,10 @@ class SubmititLauncher(Launcher):
         try:
             import submitit
         except ImportError:
-            raise SweepError("launcher: submitit needs the submitit package (pip install submitit), which grpokit does not install; or use launcher: local") from None
+            raise SweepError(
+                "launcher: submitit needs the submitit package (pip install "
+                "submitit), which grpokit does not install; or use launcher: local"
+            ) from None
         self.executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
         self.executor.update_parameters(name=name, **parameters)
 
@@ -121,4 +130,7 @@ def make_launcher(settings: dict[str, Any], sweep_dir: Path, sweep_name: str) ->
     if name == "submitit":
         cluster = settings.pop("cluster", None)
         return SubmititLauncher(sweep_dir / "submitit", f"grpokit-{sweep_name}", cluster, **settings)
-    raise SweepError(f"launcher: {name!r} is not a launcher; use local or submitit (a wandb sweep agent can run `grpokit fit` itself, see docs/sweeps.md)")
+    raise SweepError(
+        f"launcher: {name!r} is not a launcher; use local or submitit (a "
+        "wandb sweep agent can run `grpokit fit` itself, see docs/sweeps.md)"
+    )

@@ -19,7 +19,18 @@ from grpokit.sweep.report_plots import plot_metric
 from grpokit.sweep.report_stats import RunMetrics, final_value, read_metrics, variant_label
 from grpokit.sweep.spec import SweepError, is_seed_key
 
-DEFAULT_METRICS = ("reward", "eval/reward", "kl", "masked_frac", "clipped_frac", "entropy", "approx_entropy", "loss", "grad_norm", "seq_len")
+DEFAULT_METRICS = (
+    "reward",
+    "eval/reward",
+    "kl",
+    "masked_frac",
+    "clipped_frac",
+    "entropy",
+    "approx_entropy",
+    "loss",
+    "grad_norm",
+    "seq_len",
+)
 NOT_COMPARED = {"output_dir", "run_name"}  # differ between every two runs by construction
 
 
@@ -28,10 +39,14 @@ def write_report(sweep_dir: Path, metrics: list[str] | None = None, last_k: int 
     runs, states = load_sweep_dir(sweep_dir)
     done = [r for r in runs if states[r["id"]]["state"] == "done"]
     if not done:
-        raise SweepError(f"{sweep_dir}: no finished run to report on yet (states: {sorted({s['state'] for s in states.values()})})")
+        raise SweepError(
+            f"{sweep_dir}: no finished run to report on yet (states: {sorted({s['state'] for s in states.values()})})"
+        )
     variants: dict[str, list[RunMetrics]] = {}
     for run in done:
-        variants.setdefault(variant_label(run), []).append(read_metrics(run["id"], sweep_dir / run["id"] / "metrics.csv"))
+        variants.setdefault(variant_label(run), []).append(
+            read_metrics(run["id"], sweep_dir / run["id"] / "metrics.csv")
+        )
     chosen = pick_metrics(metrics, [m for v in variants.values() for m in v])
     plots = [plot_metric(metric, variants, sweep_dir / "plots") for metric in chosen]
     lines = [f"# Sweep report: {sweep_dir.name}", "", *summary(sweep_dir, runs, states), "", "## Curves", ""]
@@ -65,7 +80,10 @@ def summary(sweep_dir: Path, runs: list[dict], states: dict[str, dict]) -> list[
     definition = json.loads((sweep_dir / "sweep.json").read_text())["definition"]
     lines = [f"Recipe arguments: `{' '.join(definition['recipe_argv'])}`"]
     if definition.get("rollouts"):
-        lines.append(f"\nEvery run trained on the recorded rollouts `{definition['rollouts']}` (identical batches; reward and the other orchestrator metrics are the recording's).")
+        lines.append(
+            f"\nEvery run trained on the recorded rollouts `{definition['rollouts']}` "
+            "(identical batches; reward and the other orchestrator metrics are the recording's)."
+        )
     lines += ["", "| run | variant | state | attempts | resumed from step |", "|---|---|---|---|---|"]
     for run in runs:
         s = states[run["id"]]
@@ -75,7 +93,13 @@ def summary(sweep_dir: Path, runs: list[dict], states: dict[str, dict]) -> list[
 
 
 def final_table(variants: dict[str, list[RunMetrics]], metrics: list[str], last_k: int) -> list[str]:
-    lines = ["## Final metrics", "", f"Mean over seeds of each run's last {last_k} logged steps, with a 95% bootstrap CI (seeds, then steps, resampled).", ""]
+    lines = [
+        "## Final metrics",
+        "",
+        f"Mean over seeds of each run's last {last_k} logged steps, "
+        "with a 95% bootstrap CI (seeds, then steps, resampled).",
+        "",
+    ]
     lines += ["| variant | seeds | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for label, runs in variants.items():
         cells = []
@@ -88,14 +112,22 @@ def final_table(variants: dict[str, list[RunMetrics]], metrics: list[str], last_
 
 def config_diff(sweep_dir: Path, runs: list[dict]) -> list[str]:
     """A table of the resolved-config keys whose values differ between variants (seeds listed apart)."""
-    configs = {r["id"]: flatten(yaml.safe_load((sweep_dir / r["id"] / "resolved.yaml").read_text()) or {}) for r in runs}
+    configs = {
+        r["id"]: flatten(yaml.safe_load((sweep_dir / r["id"] / "resolved.yaml").read_text()) or {}) for r in runs
+    }
     keys = sorted({k for c in configs.values() for k in c} - NOT_COMPARED)
     differing = [k for k in keys if len({shown(c, k) for c in configs.values()}) > 1]
     seed_keys, other_keys = [k for k in differing if is_seed_key(k)], [k for k in differing if not is_seed_key(k)]
     by_variant: dict[str, list[str]] = {}
     for r in runs:
         by_variant.setdefault(variant_label(r), []).append(r["id"])
-    lines = ["## What differs between variants", "", "Keys of the resolved configs (each run's resolved.yaml) whose values differ; every other key is the same in every run.", ""]
+    lines = [
+        "## What differs between variants",
+        "",
+        "Keys of the resolved configs (each run's resolved.yaml) whose "
+        "values differ; every other key is the same in every run.",
+        "",
+    ]
     if seed_keys:
         lines.append(f"Seeds ({', '.join(seed_keys)}) differ between the runs of a variant.\n")
     if not other_keys:

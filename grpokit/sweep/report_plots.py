@@ -13,7 +13,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SweepError("grpokit report draws its plots with matplotlib: pip install matplotlib (or grpokit[report])") from None
+        raise SweepError(
+            "grpokit report draws its plots with matplotlib: pip install matplotlib (or grpokit[report])"
+        ) from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
@@ -33,7 +35,13 @@ def plot_metric(metric: str, variants: dict[str, list[RunMetrics]], folder: Path
         if not steps:
             continue
         seeds = sum(metric in r.series for r in runs)
-        (line,) = ax.plot(steps, mean, marker="o" if len(steps) < 20 else None, markersize=3, label=f"{label} ({seeds} seed{'s' if seeds != 1 else ''})")
+        (line,) = ax.plot(
+            steps,
+            mean,
+            marker="o" if len(steps) < 20 else None,
+            markersize=3,
+            label=f"{label} ({seeds} seed{'s' if seeds != 1 else ''})",
+        )
         if seeds > 1:
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("step")

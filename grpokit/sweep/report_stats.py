@@ -51,7 +51,12 @@ def curve(runs: list[RunMetrics], metric: str) -> tuple[list[int], np.ndarray, n
     """Steps logged by any seed, and per step the mean, min and max over the seeds that logged it."""
     steps = sorted({s for r in runs for s in r.series.get(metric, {})})
     values = [[r.series[metric][s] for r in runs if s in r.series.get(metric, {})] for s in steps]
-    return steps, np.array([np.mean(v) for v in values]), np.array([np.min(v) for v in values]), np.array([np.max(v) for v in values])
+    return (
+        steps,
+        np.array([np.mean(v) for v in values]),
+        np.array([np.min(v) for v in values]),
+        np.array([np.max(v) for v in values]),
+    )
 
 
 def last_k(run: RunMetrics, metric: str, k: int) -> list[float]:
@@ -59,7 +64,9 @@ def last_k(run: RunMetrics, metric: str, k: int) -> list[float]:
     return [series[s] for s in sorted(series)[-k:]]
 
 
-def final_value(runs: list[RunMetrics], metric: str, k: int, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float, int] | None:
+def final_value(
+    runs: list[RunMetrics], metric: str, k: int, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float, int] | None:
     """(mean, CI low, CI high, seeds) of a variant's final metric; None when no run logged it."""
     tails = [np.array(t) for r in runs if (t := last_k(r, metric, k))]
     if not tails:

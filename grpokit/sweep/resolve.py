@@ -21,11 +21,16 @@ def resolve_config(recipe_argv: list[str], run_label: str) -> str:
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # the sweep's own sys.argv is not the run's
+        warnings.filterwarnings(
+            "ignore", message="LightningCLI's args parameter"
+        )  # the sweep's own sys.argv is not the run's
         try:
             make_cli(["fit", *recipe_argv, "--print_config"])
         except SystemExit as e:
             if e.code not in (0, None):
-                raise SweepError(f"run {run_label}: the recipe does not parse with this run's settings:\n{err.getvalue().strip()[-2000:]}") from None
+                raise SweepError(
+                    f"run {run_label}: the recipe does not parse with this "
+                    f"run's settings:\n{err.getvalue().strip()[-2000:]}"
+                ) from None
             return out.getvalue()
     raise SweepError(f"run {run_label}: --print_config did not stop the CLI (grpokit fit {' '.join(recipe_argv)})")

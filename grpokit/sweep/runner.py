@@ -38,7 +38,9 @@ POLL_INTERVAL = 0.2
 class SweepRunner:
     """Prepares the run folders of `spec` under `sweep_dir` and runs every run that is not done."""
 
-    def __init__(self, spec: SweepSpec, recipe_argv: list[str], sweep_dir: Path, launcher: Launcher, max_parallel: int) -> None:
+    def __init__(
+        self, spec: SweepSpec, recipe_argv: list[str], sweep_dir: Path, launcher: Launcher, max_parallel: int
+    ) -> None:
         self.spec, self.recipe_argv, self.launcher, self.max_parallel = spec, list(recipe_argv), launcher, max_parallel
         self.sweep_dir = sweep_dir.resolve()
         self.rollouts = spec.find(spec.rollouts, "rollouts") if spec.rollouts else None
@@ -46,12 +48,17 @@ class SweepRunner:
     def prepare(self) -> SweepState:
         """sweep.json (new, or the interrupted sweep's) and every run's overrides.yaml and resolved.yaml."""
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        state = SweepState.open(self.sweep_dir / "sweep.json", definition(self.spec.runs, self.recipe_argv, str(self.rollouts) if self.rollouts else None))
+        state = SweepState.open(
+            self.sweep_dir / "sweep.json",
+            definition(self.spec.runs, self.recipe_argv, str(self.rollouts) if self.rollouts else None),
+        )
         manifest = read_manifest(self.rollouts, "rollouts") if self.rollouts else None
         for run in self.spec.runs:
             resolved = self.run_dir(run) / "resolved.yaml"
             if not resolved.is_file():  # kept from the first attempt: a resumed sweep runs what it started
-                atomic_write_text(self.run_dir(run) / "overrides.yaml", yaml.safe_dump(self.overlay(run), sort_keys=False))
+                atomic_write_text(
+                    self.run_dir(run) / "overrides.yaml", yaml.safe_dump(self.overlay(run), sort_keys=False)
+                )
                 recipe_argv = self.recipe_argv_of(run)
                 try:  # a misspelt component on an axis: name the key and the known names, as `grpokit fit` does
                     check_component_names(["fit", *recipe_argv])
@@ -73,7 +80,9 @@ class SweepRunner:
         return {**nest(overrides), "output_dir": str(self.sweep_dir), "run_name": run.id}
 
     def recipe_argv_of(self, run: RunSpec) -> list[str]:
-        overlays = [arg for path in run.overlays for arg in ("--config", str(self.spec.find(path, f"run {run.id}: config")))]
+        overlays = [
+            arg for path in run.overlays for arg in ("--config", str(self.spec.find(path, f"run {run.id}: config")))
+        ]
         return [*self.recipe_argv, *overlays, "--config", str(self.run_dir(run) / "overrides.yaml")]
 
     def check_replayable(self, run: RunSpec, config: dict, recorded_steps: int) -> None:
@@ -104,16 +113,29 @@ class SweepRunner:
                 handle = self.launcher.start(command, self.run_dir(run) / "log.txt")
                 state.mark_started(run.id, resumed_from, self.launcher.job_id(handle))
                 active[run.id] = handle
-                log.info("sweep: started %s%s", run.id, f" (resuming from step {resumed_from})" if resumed_from is not None else "")
+                log.info(
+                    "sweep: started %s%s",
+                    run.id,
+                    f" (resuming from step {resumed_from})" if resumed_from is not None else "",
+                )
             for run_id, handle in list(active.items()):
                 returncode = self.launcher.poll(handle)
                 if returncode is not None:
                     state.mark_ended(run_id, returncode)
                     del active[run_id]
-                    log.info("sweep: %s %s", run_id, "done" if returncode == 0 else f"failed (exit {returncode}, see {self.sweep_dir / run_id / 'log.txt'})")
+                    log.info(
+                        "sweep: %s %s",
+                        run_id,
+                        "done"
+                        if returncode == 0
+                        else f"failed (exit {returncode}, see {self.sweep_dir / run_id / 'log.txt'})",
+                    )
             time.sleep(POLL_INTERVAL)
         failed = [k for k, v in state.runs.items() if v.state != "done"]
         if failed:
-            log.error("sweep: %d run(s) failed: %s; fix and run the same command again to retry them", len(failed), ", ".join(failed))
+            log.error(
+                "sweep: %d run(s) failed: %s; fix and run the same command again to retry them",
+                len(failed),
+                ", ".join(failed),
+            )
         return 1 if failed else 0
-

@@ -66,14 +66,19 @@ class SweepSpec:
     max_parallel: int = 1
     launcher: dict[str, Any] = field(default_factory=lambda: {"name": "local"})
     rollouts: str | None = None
-    folder: Path = Path(".")  # the sweep file's folder: relative paths are looked up here when not found in the working directory
+    folder: Path = Path(
+        "."
+    )  # the sweep file's folder: relative paths are looked up here when not found in the working directory
 
     def find(self, path: str, key: str) -> Path:
-        """A file or folder the sweep names (an overlay, the rollouts): from the working directory, else the sweep file's folder."""
+        """A file or folder the sweep names (an overlay, the rollouts): from the working directory, else the
+        sweep file's folder."""
         for candidate in (Path(path), self.folder / path):
             if candidate.exists():
                 return candidate.resolve()
-        raise SweepError(f"{key}: {path} exists neither in the working directory nor beside the sweep file ({self.folder})")
+        raise SweepError(
+            f"{key}: {path} exists neither in the working directory nor beside the sweep file ({self.folder})"
+        )
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -86,7 +91,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise SweepError(f"{path}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
     unknown = sorted(set(raw) - set(SWEEP_KEYS))
     if unknown:
-        raise SweepError(f"{path}: unknown sweep key(s) {unknown}; a sweep file has {', '.join(SWEEP_KEYS)} (recipe keys go under axes: or runs:)")
+        raise SweepError(
+            f"{path}: unknown sweep key(s) {unknown}; a sweep file has "
+            f"{', '.join(SWEEP_KEYS)} (recipe keys go under axes: or runs:)"
+        )
     combos = expand(raw.get("axes"), raw.get("runs"), path)
     launcher = raw.get("launcher", "local")
     launcher = {"name": launcher} if isinstance(launcher, str) else dict(launcher or {})
@@ -96,9 +104,13 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if not isinstance(max_parallel, int) or max_parallel < 1:
         raise SweepError(f"{path}: max_parallel must be an integer >= 1, got {max_parallel!r}")
     return SweepSpec(
-        name=str(raw.get("name") or path.stem), runs=[make_run(i, c) for i, c in enumerate(combos)],
-        output_dir=str(raw.get("output_dir", "outputs")), max_parallel=max_parallel, launcher=launcher,
-        rollouts=None if raw.get("rollouts") is None else str(raw["rollouts"]), folder=path.parent,
+        name=str(raw.get("name") or path.stem),
+        runs=[make_run(i, c) for i, c in enumerate(combos)],
+        output_dir=str(raw.get("output_dir", "outputs")),
+        max_parallel=max_parallel,
+        launcher=launcher,
+        rollouts=None if raw.get("rollouts") is None else str(raw["rollouts"]),
+        folder=path.parent,
     )
 
 
@@ -106,7 +118,9 @@ def expand(axes: Any, runs: Any, path: Path) -> list[dict[str, Any]]:
     """The settings of every run: the grid of `axes`, crossed with each entry of `runs` when both are given."""
     axes = axes or {}
     if not isinstance(axes, dict) or any(not isinstance(v, list) or not v for v in axes.values()):
-        raise SweepError(f"{path}: axes maps each recipe key to a non-empty list of values, e.g. `model.lr: [1.0e-4, 3.0e-4]`")
+        raise SweepError(
+            f"{path}: axes maps each recipe key to a non-empty list of values, e.g. `model.lr: [1.0e-4, 3.0e-4]`"
+        )
     if runs is not None and (not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs)):
         raise SweepError(f"{path}: runs is a list of mappings of recipe keys to values, e.g. `- {{model.lr: 1.0e-4}}`")
     grid = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
@@ -119,7 +133,9 @@ def expand(axes: Any, runs: Any, path: Path) -> list[dict[str, Any]]:
         for point in grid:
             shared = sorted(set(run) & set(point))
             if shared:
-                raise SweepError(f"{path}: key(s) {shared} are set both by axes: and by a runs: entry; set each key in one place")
+                raise SweepError(
+                    f"{path}: key(s) {shared} are set both by axes: and by a runs: entry; set each key in one place"
+                )
             combos.append({**run, **point})
     return combos
 
@@ -129,7 +145,11 @@ def make_run(index: int, settings: dict[str, Any]) -> RunSpec:
     overlays = () if overlays is None else (overlays,) if isinstance(overlays, str) else tuple(overlays)
     overrides = {k: v for k, v in settings.items() if k != OVERLAY_KEY}
     labels = [f"{label_key(k, overrides)}={label_value(v)}" for k, v in overrides.items()]
-    labels = [*(Path(o).stem for o in overlays), *(["base"] if OVERLAY_KEY in settings and not overlays else []), *labels]
+    labels = [
+        *(Path(o).stem for o in overlays),
+        *(["base"] if OVERLAY_KEY in settings and not overlays else []),
+        *labels,
+    ]
     slug = re.sub(r"[^A-Za-z0-9._=+-]+", "_", "-".join(labels))[:80] or "base"
     return RunSpec(id=f"{index:02d}-{slug}", overrides=overrides, overlays=overlays)
 
@@ -145,7 +165,11 @@ def label_value(value: Any) -> str:
     if isinstance(value, dict) and "class_path" in value:
         return label_value(value["class_path"])
     if isinstance(value, str):
-        return value.rsplit(".", 1)[-1] if re.fullmatch(r"[\w.]+", value) and "." in value and not value[0].isdigit() else value
+        return (
+            value.rsplit(".", 1)[-1]
+            if re.fullmatch(r"[\w.]+", value) and "." in value and not value[0].isdigit()
+            else value
+        )
     if isinstance(value, list):
         return "+".join(label_value(v) for v in value)
     return json.dumps(value, separators=(",", ":"))
@@ -160,7 +184,10 @@ def nest(overrides: dict[str, Any]) -> dict[str, Any]:
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise SweepError(f"recipe key {key!r} sets inside {part!r}, which another key sets to a value; give that key the whole value, e.g. `model.loss: {{class_path: GSPO, init_args: {{eps_low: 3.0e-4}}}}`")
+                raise SweepError(
+                    f"recipe key {key!r} sets inside {part!r}, which another key sets to a value; give that "
+                    "key the whole value, e.g. `model.loss: {class_path: GSPO, init_args: {eps_low: 3.0e-4}}`"
+                )
         node[last] = value
     return out
 

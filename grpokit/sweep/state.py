@@ -42,7 +42,7 @@ class SweepState:
     runs: dict[str, RunState] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: Path, definition: dict[str, Any]) -> "SweepState":
+    def open(cls, path: Path, definition: dict[str, Any]) -> SweepState:
         """Load sweep.json if it exists (it must describe the same sweep), else start a new one."""
         if not path.is_file():
             state = cls(path, definition, {run["id"]: RunState() for run in definition["runs"]})
@@ -52,12 +52,17 @@ class SweepState:
         if saved.get("format") != FORMAT:
             raise SweepError(f"{path} is not a grpokit sweep state file")
         if saved["definition"] != definition:
-            raise SweepError(f"{path.parent} holds a different sweep ({describe_change(saved['definition'], definition)}); give this sweep another name: or --sweep_dir, or delete the folder")
+            raise SweepError(
+                f"{path.parent} holds a different sweep ({describe_change(saved['definition'], definition)}); "
+                "give this sweep another name: or --sweep_dir, or delete the folder"
+            )
         return cls(path, definition, {k: RunState(**v) for k, v in saved["runs"].items()})
 
     def save(self) -> None:
         runs = {k: vars(v) for k, v in self.runs.items()}
-        atomic_write_json(self.path, {"format": FORMAT, "version": VERSION, "definition": self.definition, "runs": runs})
+        atomic_write_json(
+            self.path, {"format": FORMAT, "version": VERSION, "definition": self.definition, "runs": runs}
+        )
 
     def update(self, run_id: str, **changes: Any) -> None:
         for key, value in changes.items():
@@ -66,7 +71,16 @@ class SweepState:
 
     def mark_started(self, run_id: str, resumed_from: int | None, job_id: str | None) -> None:
         run = self.runs[run_id]
-        self.update(run_id, state="running", attempts=run.attempts + 1, resumed_from=resumed_from, job_id=job_id, started=time.time(), ended=None, returncode=None)
+        self.update(
+            run_id,
+            state="running",
+            attempts=run.attempts + 1,
+            resumed_from=resumed_from,
+            job_id=job_id,
+            started=time.time(),
+            ended=None,
+            returncode=None,
+        )
 
     def mark_ended(self, run_id: str, returncode: int) -> None:
         self.update(run_id, state="done" if returncode == 0 else "failed", returncode=returncode, ended=time.time())

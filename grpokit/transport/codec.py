@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
@@ -43,7 +42,9 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
         raise BatchFormatError(f"batch of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     header = _read_header(data)
     if header.get("format") != FORMAT or header.get("version") != str(VERSION):
-        raise BatchFormatError(f"expected {FORMAT} version {VERSION}, got {header.get('format')!r} version {header.get('version')!r}")
+        raise BatchFormatError(
+            f"expected {FORMAT} version {VERSION}, got {header.get('format')!r} version {header.get('version')!r}"
+        )
     try:
         tensors = load(data)
         n = int(header["num_micro_batches"])
@@ -71,4 +72,3 @@ def _read_header(data: bytes) -> dict[str, str]:
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__", {}), dict):
         raise BatchFormatError("malformed batch header: not a JSON object with a __metadata__ object")
     return header.get("__metadata__", {})
-

@@ -47,7 +47,9 @@ class FilesystemTransport(Transport):
         path, deadline = self.path(step), time.monotonic() + timeout
         while not path.exists():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no batch for step {step} at {path} after {timeout:.0f}s: is the orchestrator running?")
+                raise TimeoutError(
+                    f"no batch for step {step} at {path} after {timeout:.0f}s: is the orchestrator running?"
+                )
             time.sleep(self.poll_interval)
         batch = decode_batch(path.read_bytes())
         if self.keep_last:

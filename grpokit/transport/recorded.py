@@ -33,7 +33,9 @@ def read_manifest(folder: Path, key: str = "data.transport.init_args.path") -> d
     """The manifest of a recorded-rollouts folder; a clear error naming `key` when it is not one."""
     path = folder / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{key}={folder}: no {MANIFEST}; record one with `grpokit rollouts record {folder} --config RECIPE`")
+        raise FileNotFoundError(
+            f"{key}={folder}: no {MANIFEST}; record one with `grpokit rollouts record {folder} --config RECIPE`"
+        )
     manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise BatchFormatError(f"{key}={folder}: {MANIFEST} is not {FORMAT} version {VERSION}")
@@ -53,22 +55,33 @@ class RecordedRollouts(Transport):
     def setup(self, run_dir: str | Path) -> None:
         super().setup(run_dir)
         if self.path is None:
-            raise ValueError("data.transport RecordedRollouts needs init_args.path: the folder `grpokit rollouts record` wrote")
+            raise ValueError(
+                "data.transport RecordedRollouts needs init_args.path: the folder `grpokit rollouts record` wrote"
+            )
         self.checksums = {int(step): digest for step, digest in read_manifest(Path(self.path))["sha256"].items()}
 
     def has(self, step: int) -> bool:
         return step in self.checksums
 
     def send(self, batch: TrainingBatch) -> None:
-        raise RuntimeError("data.transport RecordedRollouts replays recorded batches and takes no new ones: train with `grpokit rollouts replay` (or `grpokit train`), which runs no orchestrator, not `grpokit fit`")
+        raise RuntimeError(
+            "data.transport RecordedRollouts replays recorded batches and takes no new ones: train with "
+            "`grpokit rollouts replay` (or `grpokit train`), which runs no orchestrator, not `grpokit fit`"
+        )
 
     def receive(self, step: int, timeout: float) -> TrainingBatch:
         if step not in self.checksums:
-            raise FileNotFoundError(f"data.transport.init_args.path={self.path} holds steps 0..{len(self.checksums) - 1}, not step {step}: set trainer.max_steps <= {len(self.checksums)}")
+            raise FileNotFoundError(
+                f"data.transport.init_args.path={self.path} holds steps 0..{len(self.checksums) - 1}, "
+                f"not step {step}: set trainer.max_steps <= {len(self.checksums)}"
+            )
         data = batch_file(Path(self.path), step).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         if digest != self.checksums[step]:
-            raise BatchFormatError(f"{batch_file(Path(self.path), step)} changed since it was recorded (sha256 {digest}, manifest {self.checksums[step]})")
+            raise BatchFormatError(
+                f"{batch_file(Path(self.path), step)} changed since it was "
+                f"recorded (sha256 {digest}, manifest {self.checksums[step]})"
+            )
         with open(self.run_dir / "replayed.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "sha256": digest}) + "\n")
         return decode_batch(data)

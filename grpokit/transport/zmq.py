@@ -130,16 +130,27 @@ class ZMQTransport(Transport):
             self.rejected += 1
             log.error(
                 "ZMQTransport on %s rejected a %d-byte message (%d so far): %s: %s",
-                self.address, len(data), self.rejected, type(e).__name__, e,
+                self.address,
+                len(data),
+                self.rejected,
+                type(e).__name__,
+                e,
             )
             return
         if batch.step < step:
             log.warning(
                 "dropped the batch for step %d while waiting for step %d: an orchestrator that restarted "
-                "from an earlier step re-sends batches the trainer already has", batch.step, step,
+                "from an earlier step re-sends batches the trainer already has",
+                batch.step,
+                step,
             )
         elif batch.step != step and len(self._pending) >= self.hwm:
-            log.error("dropped the batch for step %d: later batches %s already wait for step %d", batch.step, sorted(self._pending), step)
+            log.error(
+                "dropped the batch for step %d: later batches %s already wait for step %d",
+                batch.step,
+                sorted(self._pending),
+                step,
+            )
         else:
             self._pending[batch.step] = batch
 
@@ -186,7 +197,8 @@ class ZMQTransport(Transport):
         except zmq.ZMQError as e:
             sock.close()
             raise OSError(
-                f"the trainer cannot bind {self.address} ({e}): is another run using this port? Set data.transport.init_args.port."
+                f"the trainer cannot bind {self.address} ({e}): is another "
+                "run using this port? Set data.transport.init_args.port."
             ) from e
         return sock
 

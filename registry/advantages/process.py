@@ -40,23 +40,27 @@ class Process(Advantage):
         self.eps = eps
 
     def __call__(self, rewards_PG: torch.Tensor, lengths_PG: torch.Tensor) -> torch.Tensor:
-        return normalized_steps(rewards_PG[..., None], torch.ones_like(rewards_PG[..., None], dtype=torch.bool), self.eps)[..., 0]
+        return normalized_steps(
+            rewards_PG[..., None], torch.ones_like(rewards_PG[..., None], dtype=torch.bool), self.eps
+        )[..., 0]
 
     def token_advantages(self, groups: list[list[Rollout]]) -> list[list[float]]:
         rollouts = [r for g in groups for r in g]
         for r in rollouts:
             if r.step_rewards is None:
                 raise ValueError(
-                    f"Process (data.advantage) needs step rewards, and environment {r.env_id!r} reports none: give its "
-                    "task a step_rewards(reply) method returning (end character, reward) per step (see grpokit/env.py), "
-                    "or choose another data.advantage"
+                    f"Process (data.advantage) needs step rewards, and environment {r.env_id!r} "
+                    "reports none: give its task a step_rewards(reply) method returning (end "
+                    "character, reward) per step (see grpokit/env.py), or choose another data.advantage"
                 )
         if not rollouts:
             return []
         rewards_NK, ends_NK, mask_NK = padded_steps(rollouts)
         shape = (len(groups), len(groups[0]), rewards_NK.shape[-1])
         num_tokens = max(len(r.completion_ids) for r in rollouts)
-        advantages_PGC = process_advantages(rewards_NK.view(shape), ends_NK.view(shape), mask_NK.view(shape), num_tokens, self.eps)
+        advantages_PGC = process_advantages(
+            rewards_NK.view(shape), ends_NK.view(shape), mask_NK.view(shape), num_tokens, self.eps
+        )
         return [a_C[: len(r.completion_ids)].tolist() for a_C, r in zip(advantages_PGC.flatten(0, 1), rollouts)]
 
 
@@ -84,7 +88,9 @@ def normalized_steps(rewards_PGK: torch.Tensor, mask_PGK: torch.Tensor, eps: flo
     return torch.where(mask_PGK & (highest_P11 > lowest_P11), normalized_PGK, 0.0)
 
 
-def process_advantages(rewards_PGK: torch.Tensor, ends_PGK: torch.Tensor, mask_PGK: torch.Tensor, num_tokens: int, eps: float) -> torch.Tensor:
+def process_advantages(
+    rewards_PGK: torch.Tensor, ends_PGK: torch.Tensor, mask_PGK: torch.Tensor, num_tokens: int, eps: float
+) -> torch.Tensor:
     """A_{i,t} = sum of the normalised rewards of rollout i's steps ending at or after token t (shape P x G x C).
 
     Each normalised reward is added at its step's end token, then a reverse cumulative sum over tokens

@@ -28,7 +28,13 @@ from grpokit.types import Rollout
 class Gibberish(Filter):
     """Flags completions with a rare token (high id) sampled well below uniform probability."""
 
-    def __init__(self, token_id_threshold: int = 100_000, vocab_size: int = 151_936, logprob_offset: float = 2.0, enforce: bool = True) -> None:
+    def __init__(
+        self,
+        token_id_threshold: int = 100_000,
+        vocab_size: int = 151_936,
+        logprob_offset: float = 2.0,
+        enforce: bool = True,
+    ) -> None:
         """
         Args:
             token_id_threshold: token ids above this are rare candidates; must be below vocab_size - 1.
@@ -43,8 +49,9 @@ class Gibberish(Filter):
             raise ValueError(f"Gibberish vocab_size must be the policy's vocabulary size (>= 2), got {vocab_size}")
         if not 0 <= token_id_threshold < vocab_size - 1:
             raise ValueError(
-                f"Gibberish token_id_threshold={token_id_threshold} leaves no token id above it in a vocabulary of "
-                f"{vocab_size}: set it in [0, vocab_size - 1), e.g. int(0.75 * vocab_size), or set vocab_size to your tokenizer's"
+                f"Gibberish token_id_threshold={token_id_threshold} leaves no token id "
+                f"above it in a vocabulary of {vocab_size}: set it in [0, vocab_size - "
+                "1), e.g. int(0.75 * vocab_size), or set vocab_size to your tokenizer's"
             )
         self.token_id_threshold = token_id_threshold
         self.vocab_size = vocab_size

@@ -39,7 +39,10 @@ class Repetition(Filter):
         if window < 1:
             raise ValueError(f"Repetition window must be >= 1 (consecutive tokens), got {window}")
         if not 0 < prob_threshold < 1:
-            raise ValueError(f"Repetition prob_threshold must be in (0, 1) (a probability no sampled token reaches at 1), got {prob_threshold}")
+            raise ValueError(
+                "Repetition prob_threshold must be in (0, 1) (a probability "
+                f"no sampled token reaches at 1), got {prob_threshold}"
+            )
         self.window = window
         self.prob_threshold = prob_threshold
         self.logprob_threshold = math.log(prob_threshold)

@@ -82,14 +82,17 @@ class AIPO(Loss):
                 policy's, a per-token reward); > 0 needs `model.teacher_model`. 0 disables it.
         """
         if not 0 <= token_mask_low <= 1 <= token_mask_high:
-            raise ValueError(f"AIPO needs token_mask_low <= 1 <= token_mask_high, got {token_mask_low}, {token_mask_high}")
+            raise ValueError(
+                f"AIPO needs token_mask_low <= 1 <= token_mask_high, got {token_mask_low}, {token_mask_high}"
+            )
         if not 0 <= geo_mask_low <= 1 <= geo_mask_high:
             raise ValueError(f"AIPO needs geo_mask_low <= 1 <= geo_mask_high, got {geo_mask_low}, {geo_mask_high}")
         if ratio_type not in ("token", "sequence"):
             raise ValueError(f"AIPO needs ratio_type 'token' or 'sequence', got {ratio_type!r}")
         if not 0 <= sequence_mask_low <= 1 <= sequence_mask_high:
             raise ValueError(
-                f"AIPO needs 0 <= sequence_mask_low <= 1 <= sequence_mask_high, got {sequence_mask_low}, {sequence_mask_high}"
+                "AIPO needs 0 <= sequence_mask_low <= 1 <= sequence_mask_high, "
+                f"got {sequence_mask_low}, {sequence_mask_high}"
             )
         if not sequence_clip_high >= 1:
             raise ValueError(
@@ -135,7 +138,9 @@ class AIPO(Loss):
         if self.teacher_tau > 0:
             adv_T = adv_T + self.teacher_tau * self._teacher_log_ratio(inputs)
         coeff_T = weight_T * (adv_T - self.kl_tau * kl_log_ratio_T)
-        coeff_T = torch.where(keep_T, coeff_T, 0.0)  # select, not multiply: an overflowed ratio on a dropped token must not give inf * 0 = NaN
+        coeff_T = torch.where(
+            keep_T, coeff_T, 0.0
+        )  # select, not multiply: an overflowed ratio on a dropped token must not give inf * 0 = NaN
         loss = -(coeff_T * inputs.trainer_logprobs_T).sum() / inputs.loss_normalizer
 
         n_mask = mask_T.sum().clamp(min=1)

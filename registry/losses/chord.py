@@ -52,7 +52,8 @@ class Chord(Loss):
     ) -> None:
         """
         Args:
-            rl_loss: the policy loss on sampled rollouts (kind `loss`, any but Chord; default ClippedPG, as the paper's GRPO).
+            rl_loss: the policy loss on sampled rollouts (kind `loss`, any but Chord; default ClippedPG, as
+                the paper's GRPO).
             mu_peak: SFT weight at the end of the warm-up.
             mu_valley: SFT weight after the decay.
             mu_warmup_steps: steps of linear warm-up of mu from 0 to mu_peak (0: start at mu_peak).
@@ -66,9 +67,14 @@ class Chord(Loss):
         if isinstance(rl_loss, Chord):
             raise ValueError("Chord's rl_loss must be an RL loss on sampled rollouts, not another Chord")
         if not (0 <= mu_peak <= 1 and 0 <= mu_valley <= 1):
-            raise ValueError(f"Chord needs 0 <= mu_peak <= 1 and 0 <= mu_valley <= 1 (weights of the SFT term), got {mu_peak}, {mu_valley}")
+            raise ValueError(
+                "Chord needs 0 <= mu_peak <= 1 and 0 <= mu_valley <= 1 "
+                f"(weights of the SFT term), got {mu_peak}, {mu_valley}"
+            )
         if mu_warmup_steps < 0 or mu_decay_steps < 0:
-            raise ValueError(f"Chord needs mu_warmup_steps >= 0 and mu_decay_steps >= 0, got {mu_warmup_steps}, {mu_decay_steps}")
+            raise ValueError(
+                f"Chord needs mu_warmup_steps >= 0 and mu_decay_steps >= 0, got {mu_warmup_steps}, {mu_decay_steps}"
+            )
         self.rl_loss = rl_loss
         self.mu_peak, self.mu_valley = mu_peak, mu_valley
         self.mu_warmup_steps, self.mu_decay_steps = mu_warmup_steps, mu_decay_steps
@@ -88,11 +94,18 @@ class Chord(Loss):
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if inputs.expert_mask_T is None:
-            raise ValueError("Chord needs inputs.expert_mask_T (the expert tokens); the trainer sets it: set data.expert in the recipe")
+            raise ValueError(
+                "Chord needs inputs.expert_mask_T (the expert tokens); "
+                "the trainer sets it: set data.expert in the recipe"
+            )
         rl, metrics = self.rl_loss(inputs)
         expert_T = inputs.expert_mask_T > 0
         logp_T = inputs.trainer_logprobs_T
-        phi_T = (logp_T.detach().exp() * (1 - logp_T.detach().exp())) if self.enable_phi_function else torch.ones_like(logp_T)
+        phi_T = (
+            (logp_T.detach().exp() * (1 - logp_T.detach().exp()))
+            if self.enable_phi_function
+            else torch.ones_like(logp_T)
+        )
         sft = -torch.where(expert_T, phi_T * logp_T, 0.0).sum() / inputs.expert_normalizer
         mu = self.mu(inputs.step)
         metrics["mu"] = torch.tensor(mu)

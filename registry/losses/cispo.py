@@ -37,7 +37,10 @@ class CISPO(Loss):
             eps_high: the importance weight is clipped above at 1 + eps_high.
         """
         if eps_low < 0 or eps_high < 0:
-            raise ValueError(f"CISPO needs eps_low >= 0 and eps_high >= 0 (weights clipped to [1 - eps_low, 1 + eps_high]); got {eps_low}, {eps_high}")
+            raise ValueError(
+                "CISPO needs eps_low >= 0 and eps_high >= 0 (weights clipped "
+                f"to [1 - eps_low, 1 + eps_high]); got {eps_low}, {eps_high}"
+            )
         self.eps_low = eps_low
         self.eps_high = eps_high
 

@@ -83,17 +83,29 @@ class ClippedPG(Loss):
                 float32 tensor per micro-batch, kept for backward.
         """
         if eps_low < 0 or eps_high < 0:
-            raise ValueError(f"ClippedPG needs eps_low >= 0 and eps_high >= 0 (clip bounds 1 - eps_low, 1 + eps_high); got {eps_low}, {eps_high}")
+            raise ValueError(
+                "ClippedPG needs eps_low >= 0 and eps_high >= 0 (clip bounds "
+                f"1 - eps_low, 1 + eps_high); got {eps_low}, {eps_high}"
+            )
         if ratio_clip_c is not None and ratio_clip_c <= 1:
-            raise ValueError(f"ratio_clip_c must be > 1 (dual-clip bounds the loss at c * |A|; Ye et al. use 3), or null to disable; got {ratio_clip_c}")
+            raise ValueError(
+                "ratio_clip_c must be > 1 (dual-clip bounds the loss at c * "
+                f"|A|; Ye et al. use 3), or null to disable; got {ratio_clip_c}"
+            )
         if beta < 0:
             raise ValueError(f"beta must be >= 0 (0 disables the KL penalty); got {beta}")
         if kl_estimator not in ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {', '.join(ESTIMATORS)}; got {kl_estimator!r}")
         if use_on_policy_kl_approximation and beta == 0:
-            raise ValueError("use_on_policy_kl_approximation weights the KL term, which beta=0 disables: set beta > 0 or leave it false")
+            raise ValueError(
+                "use_on_policy_kl_approximation weights the KL term, "
+                "which beta=0 disables: set beta > 0 or leave it false"
+            )
         if is_cap < 1:
-            raise ValueError(f"is_cap must be >= 1 (it caps the importance weight; below 1 it would shrink on-policy tokens); got {is_cap}")
+            raise ValueError(
+                "is_cap must be >= 1 (it caps the importance weight; "
+                f"below 1 it would shrink on-policy tokens); got {is_cap}"
+            )
         check_normalization(normalization, max_tokens_normalizer)
         self.eps_low = eps_low
         self.eps_high = eps_high
@@ -136,7 +148,10 @@ class ClippedPG(Loss):
         loss_T = -weight_T * obj_T
         if self.entropy_coeff > 0:
             if inputs.entropy_T is None:
-                raise ValueError("ClippedPG with entropy_coeff > 0 needs inputs.entropy_T; the trainer sets it when needs_entropy is True")
+                raise ValueError(
+                    "ClippedPG with entropy_coeff > 0 needs inputs.entropy_T; "
+                    "the trainer sets it when needs_entropy is True"
+                )
             loss_T = loss_T - self.entropy_coeff * inputs.entropy_T
             metrics["entropy"] = token_mean(inputs.entropy_T.detach(), mask_T)
 
@@ -173,5 +188,8 @@ class ClippedPG(Loss):
     def _truncated(self, inputs: LossInputs) -> torch.Tensor:
         """True on the tokens of sequences cut at max_tokens."""
         if inputs.is_truncated_N is None:
-            raise ValueError("overlong_filtering needs inputs.is_truncated_N (which sequences hit max_tokens); set overlong_filtering=false")
+            raise ValueError(
+                "overlong_filtering needs inputs.is_truncated_N (which "
+                "sequences hit max_tokens); set overlong_filtering=false"
+            )
         return inputs.is_truncated_N.to(device=inputs.seq_ids_T.device, dtype=torch.bool)[inputs.seq_ids_T]

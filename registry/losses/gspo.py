@@ -35,7 +35,9 @@ class GSPO(Loss):
             eps_high: the sequence ratio is clipped above at 1 + eps_high (for positive advantages).
         """
         if eps_low < 0 or eps_high < 0:
-            raise ValueError(f"GSPO needs eps_low >= 0 and eps_high >= 0 (the paper uses 3e-4 and 4e-4); got {eps_low}, {eps_high}")
+            raise ValueError(
+                f"GSPO needs eps_low >= 0 and eps_high >= 0 (the paper uses 3e-4 and 4e-4); got {eps_low}, {eps_high}"
+            )
         self.eps_low = eps_low
         self.eps_high = eps_high
 

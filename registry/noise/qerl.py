@@ -25,7 +25,9 @@ from grpokit.noise import NoiseScheduler, noisy_stage_progress
 class QeRL(NoiseScheduler):
     """Geometric decay from sigma_start to sigma_end over num_stages intervals, the first noise-free (QeRL AQN)."""
 
-    def __init__(self, enabled: bool = True, sigma_start: float = 5e-2, sigma_end: float = 5e-4, num_stages: int = 10) -> None:
+    def __init__(
+        self, enabled: bool = True, sigma_start: float = 5e-2, sigma_end: float = 5e-4, num_stages: int = 10
+    ) -> None:
         """
         Args:
             enabled: false turns the noise off (sigma 0 at every step).
@@ -34,9 +36,14 @@ class QeRL(NoiseScheduler):
             num_stages: equal intervals of trainer.max_steps; stage 0 is noise-free.
         """
         if num_stages < 2:
-            raise ValueError(f"model.noise_scheduler.init_args.num_stages must be >= 2 (stage 0 is noise-free), got {num_stages}")
+            raise ValueError(
+                f"model.noise_scheduler.init_args.num_stages must be >= 2 (stage 0 is noise-free), got {num_stages}"
+            )
         if sigma_start <= 0 or sigma_end <= 0:
-            raise ValueError(f"model.noise_scheduler.init_args.sigma_start and sigma_end must be > 0 for a geometric decay, got {sigma_start}, {sigma_end}; use LinearNoise to decay to 0")
+            raise ValueError(
+                "model.noise_scheduler.init_args.sigma_start and sigma_end must be > 0 for a "
+                f"geometric decay, got {sigma_start}, {sigma_end}; use LinearNoise to decay to 0"
+            )
         self.enabled, self.sigma_start, self.sigma_end, self.num_stages = enabled, sigma_start, sigma_end, num_stages
 
     def sigma(self, step: int, max_steps: int) -> float:

@@ -27,12 +27,18 @@ class SmallDisk:
         self.path, self.monkeypatch = path, monkeypatch
         path.mkdir()
         try:
-            self.mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True).returncode == 0
+            self.mounted = (
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True
+                ).returncode
+                == 0
+            )
         except OSError:  # no mount command
             self.mounted = False
 
     def fill(self) -> None:
         if not self.mounted:
+
             def full(fd):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -67,7 +73,9 @@ def test_a_batch_that_does_not_fit_names_its_file_and_earlier_batches_stay(disk)
     transport.setup(disk.path)
     transport.send(make_training_batch(0, tokens=256))
     disk.fill()
-    with pytest.raises(OSError, match=r"cannot write .*rollouts/step_1.safetensors \(No space left on device\)") as info:
+    with pytest.raises(
+        OSError, match=r"cannot write .*rollouts/step_1.safetensors \(No space left on device\)"
+    ) as info:
         transport.send(make_training_batch(1, tokens=4096))
     assert info.value.errno == errno.ENOSPC
     assert_same_batch(transport.receive(0, timeout=1), make_training_batch(0, tokens=256))
@@ -77,7 +85,12 @@ def test_a_batch_that_does_not_fit_names_its_file_and_earlier_batches_stay(disk)
 def test_weights_that_do_not_fit_leave_the_previous_step_loadable(disk):
     broadcast = FilesystemBroadcast()
     broadcast.setup(disk.path)
-    update = lambda step, n: WeightUpdate(step=step, tensors={"a.lora_A.weight": torch.full((n, 64), float(step))}, lora_config={"r": 8})
+
+    def update(step, n):
+        return WeightUpdate(
+            step=step, tensors={"a.lora_A.weight": torch.full((n, 64), float(step))}, lora_config={"r": 8}
+        )
+
     broadcast.publish(update(0, 16))
     disk.fill()
     with pytest.raises(OSError, match="No space left on device"):
@@ -104,7 +117,14 @@ class Linear(L.LightningModule):
 
 
 def test_a_checkpoint_that_does_not_fit_leaves_no_partial_file_and_the_previous_one_loads(disk, tmp_path):
-    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(Linear())
     checkpointer = Checkpointer(disk.path / "checkpoints", CheckpointSettings(interval=1, keep_last=5))
     checkpointer.save(trainer, 1)
@@ -112,5 +132,8 @@ def test_a_checkpoint_that_does_not_fit_leaves_no_partial_file_and_the_previous_
     with pytest.raises(OSError):
         for step in range(2, 200):  # the tmpfs has a little room left after fill(); the patched fsync none
             checkpointer.save(trainer, step)
-    assert torch.load(disk.path / "checkpoints" / "step_1.ckpt", map_location="cpu", weights_only=False)["global_step"] == 1
+    assert (
+        torch.load(disk.path / "checkpoints" / "step_1.ckpt", map_location="cpu", weights_only=False)["global_step"]
+        == 1
+    )
     assert disk.leftovers(disk.path / "checkpoints") == []

@@ -27,20 +27,27 @@ def rollouts_from(answer, tiny_model):
     with ScriptedServer([answer]) as server:
         engine = RemoteEngine(base_url=server.url, max_retries=0)
         engine.setup(tiny_model)
-        [group] = generate_rollouts(engine, load_tokenizer(tiny_model), [(env, env.examples[0])], 3, SamplingSettings(max_tokens=4), 0)
+        [group] = generate_rollouts(
+            engine, load_tokenizer(tiny_model), [(env, env.examples[0])], 3, SamplingSettings(max_tokens=4), 0
+        )
     return group
 
 
 def test_empty_and_nonfinite_completions_pack_into_a_finite_batch(tiny_model, caplog):
-    answer = {"weight_step": 0, "choices": [
-        choice(0, [], []),  # the engine stopped before any token
-        choice(1, [42, 43], [float("nan"), -0.5]),
-        choice(2, [44, 45, 46], [-0.1, float("-inf"), -0.3]),
-    ]}
+    answer = {
+        "weight_step": 0,
+        "choices": [
+            choice(0, [], []),  # the engine stopped before any token
+            choice(1, [42, 43], [float("nan"), -0.5]),
+            choice(2, [44, 45, 46], [-0.1, float("-inf"), -0.3]),
+        ],
+    }
     empty, nan, inf = rollouts_from(answer, tiny_model)
     assert (empty.completion_ids, empty.completion_mask) == ([], [])
     for r in (nan, inf):  # kept for its reward (the group baseline), masked out of the loss, counted
-        assert r.completion_mask == [0] * len(r.completion_ids) and r.completion_logprobs == [0.0] * len(r.completion_ids)
+        assert r.completion_mask == [0] * len(r.completion_ids) and r.completion_logprobs == [0.0] * len(
+            r.completion_ids
+        )
         assert r.metrics["nonfinite_logprobs"] == 1.0
     assert "the engine returned 1 non-finite logprobs of 2; the completion is masked out of the loss" in caplog.text
     group = [empty, nan, inf]
@@ -54,11 +61,15 @@ def test_empty_and_nonfinite_completions_pack_into_a_finite_batch(tiny_model, ca
 
 
 def test_token_ids_and_logprobs_of_different_lengths_are_refused(tiny_model):
-    with pytest.raises(ValueError, match="server answered 2 token ids but 1 logprobs: it must support logprobs and return_token_ids"):
+    with pytest.raises(
+        ValueError, match="server answered 2 token ids but 1 logprobs: it must support logprobs and return_token_ids"
+    ):
         rollouts_from({"choices": [choice(i, [5, 6], [-0.5]) for i in range(3)]}, tiny_model)
 
 
-@pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", ["not", "an", "answer"]], ids=["not JSON", "not an answer"])
+@pytest.mark.parametrize(
+    "body", [b"<html>502 Bad Gateway</html>", ["not", "an", "answer"]], ids=["not JSON", "not an answer"]
+)
 def test_an_answer_that_is_not_a_completions_answer_names_the_server(tiny_model, body):
     with ScriptedServer([body]) as server:
         engine = RemoteEngine(base_url=server.url, max_retries=0)

@@ -38,7 +38,11 @@ class BadTask(vf.Task[BadData]):
         return {"nan": float("nan"), "inf": float("inf"), "none": None}.get(reply, 0.5)
 
     def step_rewards(self, reply: str) -> list[tuple[int, float]]:
-        return {"steps-nan": [(2, float("nan"))], "steps-unordered": [(5, 0.1), (2, 0.2)], "steps-past-end": [(99, 1.0)]}.get(reply, [])
+        return {
+            "steps-nan": [(2, float("nan"))],
+            "steps-unordered": [(5, 0.1), (2, 0.2)],
+            "steps-past-end": [(99, 1.0)],
+        }.get(reply, [])
 
 
 class BadConfig(vf.TasksetConfig):
@@ -65,12 +69,20 @@ def bad_env(tmp_path, monkeypatch):
     sys.modules.pop("bad_reward_env", None)
 
 
-@pytest.mark.parametrize("reply,message", [
-    ("raise", r"example 1: scoring the reply 'raise' failed \(.*RuntimeError: reward exploded\); fix the reward function of data.env id 'bad-reward-env'"),
-    ("none", r"example 1: scoring the reply 'none' failed \(.*NoneType"),
-    ("nan", r"example 1: reward is nan, expected a finite number"),
-    ("inf", r"example 1: reward is inf, expected a finite number"),
-], ids=["raises", "None", "NaN", "inf"])
+@pytest.mark.parametrize(
+    "reply,message",
+    [
+        (
+            "raise",
+            r"example 1: scoring the reply 'raise' failed \(.*RuntimeError: reward "
+            r"exploded\); fix the reward function of data.env id 'bad-reward-env'",
+        ),
+        ("none", r"example 1: scoring the reply 'none' failed \(.*NoneType"),
+        ("nan", r"example 1: reward is nan, expected a finite number"),
+        ("inf", r"example 1: reward is inf, expected a finite number"),
+    ],
+    ids=["raises", "None", "NaN", "inf"],
+)
 def test_a_bad_reward_names_the_environment_and_example(bad_env, reply, message):
     env = Environment(EnvSpec(id="bad-reward-env"))
     assert env.score(env.examples[1:2], ["fine"]) == [(0.5, {})]
@@ -83,22 +95,46 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
 
     bad_reward_env.FAIL_AFTER = 16  # 8 rollouts per step: steps 0 and 1 score, step 2 raises
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "breaks", "--data.env", json.dumps([{"id": "bad-reward-env", "args": {}}]), "--data.eval", "null",
-        "--data.max_async_level", "0", "--data.sampling.max_tokens", "4", "--trainer.max_steps", "4", "--ckpt.interval", "1",
-        "--data.transport", '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}',
+        tmp_path,
+        tiny_model,
+        "breaks",
+        "--data.env",
+        json.dumps([{"id": "bad-reward-env", "args": {}}]),
+        "--data.eval",
+        "null",
+        "--data.max_async_level",
+        "0",
+        "--data.sampling.max_tokens",
+        "4",
+        "--trainer.max_steps",
+        "4",
+        "--ckpt.interval",
+        "1",
+        "--data.transport",
+        '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}',
     )
-    with pytest.raises(RuntimeError, match=r"the orchestrator failed: .*environment 'bad-reward-env' example \d+: scoring the reply .* failed \(.*RuntimeError: reward exploded\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"the orchestrator failed: .*environment 'bad-reward-env' example "
+        r"\d+: scoring the reply .* failed \(.*RuntimeError: reward exploded\)",
+    ):
         main(argv)
     run = tmp_path / "breaks"
     assert [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")] == [0, 1]
     assert [decode_batch((run / "rollouts" / f"step_{s}.safetensors").read_bytes()).step for s in (0, 1)] == [0, 1]
     assert not (run / "rollouts" / "step_2.safetensors").exists()
     for step in (1, 2):  # the checkpoints written before the failure load
-        assert torch.load(run / "checkpoints" / f"step_{step}.ckpt", map_location="cpu", weights_only=False)["global_step"] == step
+        assert (
+            torch.load(run / "checkpoints" / f"step_{step}.ckpt", map_location="cpu", weights_only=False)["global_step"]
+            == step
+        )
 
 
 @pytest.mark.parametrize("reply", ["steps-nan", "steps-unordered", "steps-past-end"])
 def test_bad_step_rewards_name_the_environment_and_example(bad_env, reply):
     env = Environment(EnvSpec(id="bad-reward-env"))
-    with pytest.raises(ValueError, match=rf"environment 'bad-reward-env' example 0: step_rewards returned .*ascending ends in 1..{len(reply)}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"environment 'bad-reward-env' example 0: step_rewards returned .*ascending ends in 1..{len(reply)}",
+    ):
         env.step_rewards(env.examples[:1], [reply])

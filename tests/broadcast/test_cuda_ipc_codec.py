@@ -14,7 +14,23 @@ from grpokit.broadcast.cuda_ipc import _decode, _encode, share
 
 
 def test_rebuild_arguments_round_trip_through_json():
-    args = (torch.Tensor, torch.Size([2, 3]), (3, 1), 0, torch.UntypedStorage, torch.bfloat16, 0, b"\x00\xffhandle", 12, 0, False, b"ref", 3, b"", True)
+    args = (
+        torch.Tensor,
+        torch.Size([2, 3]),
+        (3, 1),
+        0,
+        torch.UntypedStorage,
+        torch.bfloat16,
+        0,
+        b"\x00\xffhandle",
+        12,
+        0,
+        False,
+        b"ref",
+        3,
+        b"",
+        True,
+    )
     assert _decode(json.loads(json.dumps(_encode(args)))) == args
 
 

@@ -15,7 +15,14 @@ from grpokit.types import WeightUpdate
 
 
 def update(step: int, size: int = 1000) -> WeightUpdate:
-    return WeightUpdate(step=step, tensors={"a.lora_A.weight": torch.full((size, 64), float(step)), "a.lora_B.weight": torch.full((64, size), float(step))}, lora_config={"r": 8, "peft_type": "LORA"})
+    return WeightUpdate(
+        step=step,
+        tensors={
+            "a.lora_A.weight": torch.full((size, 64), float(step)),
+            "a.lora_B.weight": torch.full((64, size), float(step)),
+        },
+        lora_config={"r": 8, "peft_type": "LORA"},
+    )
 
 
 def test_publish_poll_round_trip(tmp_path):

@@ -14,16 +14,24 @@ from grpokit.types import WeightUpdate
 
 def update(step: int) -> WeightUpdate:
     g = torch.Generator().manual_seed(step)
-    return WeightUpdate(step=step, tensors={
-        "a.lora_A.weight": torch.randn(16, 64, generator=g),
-        "a.lora_B.weight": torch.randn(64, 16, generator=g).to(torch.bfloat16),
-        "scalar": torch.tensor(float(step)),
-        "empty": torch.empty(0),
-    }, lora_config={"r": 16, "peft_type": "LORA"})
+    return WeightUpdate(
+        step=step,
+        tensors={
+            "a.lora_A.weight": torch.randn(16, 64, generator=g),
+            "a.lora_B.weight": torch.randn(64, 16, generator=g).to(torch.bfloat16),
+            "scalar": torch.tensor(float(step)),
+            "empty": torch.empty(0),
+        },
+        lora_config={"r": 16, "peft_type": "LORA"},
+    )
 
 
 def digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest() if t.numel() else "empty"
+    return (
+        hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        if t.numel()
+        else "empty"
+    )
 
 
 def test_round_trip_views_and_pruning(tmp_path):
@@ -55,10 +63,15 @@ def test_another_process_reads_bit_identical_tensors(tmp_path):
             from grpokit.broadcast.ipc import IPCBroadcast
             b = IPCBroadcast(); b.setup({str(tmp_path)!r})
             u = b.poll(-1)
-            d = lambda t: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest() if t.numel() else "empty"
+            d = lambda t: (
+                hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                if t.numel() else "empty"
+            )
             print(json.dumps({{"step": u.step, "digests": {{k: d(v) for k, v in u.tensors.items()}}}}))
         """)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
         got = json.loads(out.strip().splitlines()[-1])
         assert got["step"] == 5 and got["digests"] == expected
     finally:

@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.broadcast.nccl import Header, NCCLBroadcast, TensorSpec, as_bytes, buckets, copy_bucket, decode_header, encode_header
+from grpokit.broadcast.nccl import (
+    Header,
+    NCCLBroadcast,
+    TensorSpec,
+    as_bytes,
+    buckets,
+    copy_bucket,
+    decode_header,
+    encode_header,
+)
 from grpokit.types import WeightUpdate
 
 LORA_CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA"}
@@ -50,7 +59,13 @@ def test_header_round_trip():
     assert h.total_bytes == 3 * 4 * 2 + 4
 
 
-GOOD = {"version": 1, "step": 0, "lora_config": None, "bucket_bytes": 16, "tensors": [{"name": "a", "dtype": "float32", "shape": [2]}]}
+GOOD = {
+    "version": 1,
+    "step": 0,
+    "lora_config": None,
+    "bucket_bytes": 16,
+    "tensors": [{"name": "a", "dtype": "float32", "shape": [2]}],
+}
 
 
 @pytest.mark.parametrize(
@@ -65,7 +80,10 @@ GOOD = {"version": 1, "step": 0, "lora_config": None, "bucket_bytes": 16, "tenso
         (json.dumps({**GOOD, "lora_config": [1]}).encode(), "lora_config"),
         (json.dumps({**GOOD, "bucket_bytes": 0}).encode(), "bucket_bytes"),
         (json.dumps({**GOOD, "tensors": {}}).encode(), "tensors must be a list"),
-        (json.dumps({**GOOD, "tensors": [{"name": "a", "dtype": "object", "shape": [2]}]}).encode(), "unsupported dtype"),
+        (
+            json.dumps({**GOOD, "tensors": [{"name": "a", "dtype": "object", "shape": [2]}]}).encode(),
+            "unsupported dtype",
+        ),
         (json.dumps({**GOOD, "tensors": [{"name": "a", "dtype": "float32", "shape": [-1]}]}).encode(), "bad shape"),
         (json.dumps({**GOOD, "tensors": [{"name": "a", "dtype": "float32", "shape": 2}]}).encode(), "bad shape"),
         (json.dumps({**GOOD, "tensors": [{"dtype": "float32", "shape": [2]}]}).encode(), "bad tensor entry"),
@@ -198,14 +216,19 @@ def test_a_second_engine_is_refused_and_the_first_keeps_receiving():
     asked the server instead) broke the group for both; the second is now refused before it joins."""
     port = free_port()
     trainer = NCCLBroadcast(port=port, backend="gloo", timeout=30)
-    first, second = NCCLBroadcast(port=port, backend="gloo", timeout=30), NCCLBroadcast(port=port, backend="gloo", timeout=30)
+    first, second = (
+        NCCLBroadcast(port=port, backend="gloo", timeout=30),
+        NCCLBroadcast(port=port, backend="gloo", timeout=30),
+    )
     publisher = threading.Thread(target=trainer.publish, args=(make_update(0),))
     publisher.start()  # blocks until an engine joins
     assert poll_until(first, -1).step == 0
     publisher.join()
     second.poll(-1)
     second._thread.join(timeout=30)
-    with pytest.raises(RuntimeError, match=r"already has its engine: it reaches exactly one.*inference.init_args.base_url"):
+    with pytest.raises(
+        RuntimeError, match=r"already has its engine: it reaches exactly one.*inference.init_args.base_url"
+    ):
         second.poll(-1)
     trainer.publish(make_update(1))
     assert poll_until(first, 0).step == 1
@@ -216,7 +239,10 @@ def test_a_second_engine_is_refused_and_the_first_keeps_receiving():
 
 def test_two_processes_over_gloo_receive_bit_identical_weights(tmp_path):
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, role, str(port), str(tmp_path)], stderr=subprocess.PIPE, text=True) for role in ("trainer", "engine")]
+    procs = [
+        subprocess.Popen([sys.executable, __file__, role, str(port), str(tmp_path)], stderr=subprocess.PIPE, text=True)
+        for role in ("trainer", "engine")
+    ]
     try:
         errs = [p.communicate(timeout=90)[1] for p in procs]
     finally:

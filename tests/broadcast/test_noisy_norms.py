@@ -48,7 +48,9 @@ def test_filesystem_saves_the_norms_beside_the_adapter(tmp_path):
     b.setup(tmp_path)
     b.publish(make_update(3))
     step_dir = tmp_path / "broadcasts" / "step_3"
-    assert set(load_file(step_dir / ADAPTER_FILE)) == set(make_update(3).tensors)  # the adapter stays a plain peft adapter
+    assert set(load_file(step_dir / ADAPTER_FILE)) == set(
+        make_update(3).tensors
+    )  # the adapter stays a plain peft adapter
     assert set(load_file(step_dir / NORMS_FILE)) == set(make_update(3).norm_tensors)
     assert_same(b.poll(-1), make_update(3))
     b.publish(WeightUpdate(step=4, tensors=make_update(4).tensors, lora_config=LORA_CONFIG))  # no noise: no norms file
@@ -69,7 +71,10 @@ def test_nccl_over_gloo_carries_the_norms():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    trainer, engine = NCCLBroadcast(port=port, backend="gloo", timeout=30), NCCLBroadcast(port=port, backend="gloo", timeout=30)
+    trainer, engine = (
+        NCCLBroadcast(port=port, backend="gloo", timeout=30),
+        NCCLBroadcast(port=port, backend="gloo", timeout=30),
+    )
     publisher = threading.Thread(target=trainer.publish, args=(make_update(6),))
     publisher.start()
     try:

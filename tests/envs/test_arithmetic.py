@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from grpokit.env import EnvSpec, Environment
+from grpokit.env import Environment, EnvSpec
 from grpokit.envs.arithmetic import parse_answer
 
 
@@ -54,17 +54,36 @@ def test_scores_correct_wrong_and_malformed_replies():
     env = load(num_tasks=1)
     ex = env.examples[0]
     n = ex.task.data.answer
-    replies = [str(n), f"First 3 * 4 = 12, so \\boxed{{{n}}}", f"The answer is {n}.", f"{n:,}.0",
-               str(n + 1), f"\\boxed{{{n + 1}}} (not {n})", "I don't know", f"{n}.5", ""]
+    replies = [
+        str(n),
+        f"First 3 * 4 = 12, so \\boxed{{{n}}}",
+        f"The answer is {n}.",
+        f"{n:,}.0",
+        str(n + 1),
+        f"\\boxed{{{n + 1}}} (not {n})",
+        "I don't know",
+        f"{n}.5",
+        "",
+    ]
     scores = env.score([ex] * len(replies), replies)
     assert [r for r, _ in scores] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert [m["parsed"] for _, m in scores] == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ("42", 42), ("-3", -3), ("1,234 apples", 1234), ("7 then 8", 8), ("\\boxed{5} and later 9", 5),
-    ("\\boxed{x = 12}", 12), ("12.0", 12), ("12.5", None), ("twelve", None),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("42", 42),
+        ("-3", -3),
+        ("1,234 apples", 1234),
+        ("7 then 8", 8),
+        ("\\boxed{5} and later 9", 5),
+        ("\\boxed{x = 12}", 12),
+        ("12.0", 12),
+        ("12.5", None),
+        ("twelve", None),
+    ],
+)
 def test_parse_answer(reply, expected):
     assert parse_answer(reply) == expected
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from grpokit.env import EnvSpec, Environment, Example
+from grpokit.env import Environment, EnvSpec, Example
 from grpokit.envs.countdown import CountdownData, CountdownTask, CountdownTaskConfig, evaluate
 
 
@@ -41,33 +41,38 @@ def test_same_seed_same_puzzles():
 
 def test_generated_solution_scores_one():
     env = load(num_tasks=5)
-    scores = env.score(env.examples, [f"<think>easy</think>\n<answer>{ex.task.data.solution}</answer>" for ex in env.examples])
+    scores = env.score(
+        env.examples, [f"<think>easy</think>\n<answer>{ex.task.data.solution}</answer>" for ex in env.examples]
+    )
     assert scores == [(1.0, {"solved": 1.0})] * 5
 
 
-@pytest.mark.parametrize("reply, reward", [
-    ("<answer>4 + 7</answer>", 1.0),
-    ("<answer>4 * 4 - 7</answer>", 0.1),                # well formed, 9 != 11
-    ("I try 4 + 4 + 7 = 15.\nSo the answer:\n4 + 7", 1.0),  # no tags: the last line
-    ("<answer> 44 / 4 = 11 </answer>", 0.0),            # 44 is not offered
-    ("<answer>7 + 4 = 11</answer>", 1.0),               # "= target" is dropped
-    ("<answer>4 * 4 - 7 + 2</answer>", 0.0),            # 2 is not offered
-    ("<answer>(7 - 4) * 4 - 4 / 4</answer>", 0.0),      # 4 three times, only offered twice
-    ("<answer>4 + 4 + 7</answer>", 0.1),                # well formed, 15 != 11
-    ("<answer>7 / 4 + 4</answer>", 0.1),                # 23/4, exact fractions
-    ("<answer>7 / (4 - 4)</answer>", 0.0),              # division by zero
-    ("<answer>7 ** 4</answer>", 0.0),                   # power is not allowed
-    ("<answer>7 // 4</answer>", 0.0),                   # floor division is not allowed
-    ("<answer>-4 + 7 + 4 + 4</answer>", 0.0),           # unary minus is not allowed
-    ("<answer>4.0 + 7</answer>", 0.0),                  # float literals are not offered numbers
-    ("<answer>(4)(7)</answer>", 0.0),                   # a call
-    ("<answer></answer>", 0.0),
-    ("<answer>7</answer>", 0.0),                        # a bare offered number: no format credit
-    ("So the answer is\n4", 0.0),
-    ("<answer>(7)</answer>", 0.0),
-    ("I don't know", 0.0),
-    ("", 0.0),
-])
+@pytest.mark.parametrize(
+    "reply, reward",
+    [
+        ("<answer>4 + 7</answer>", 1.0),
+        ("<answer>4 * 4 - 7</answer>", 0.1),  # well formed, 9 != 11
+        ("I try 4 + 4 + 7 = 15.\nSo the answer:\n4 + 7", 1.0),  # no tags: the last line
+        ("<answer> 44 / 4 = 11 </answer>", 0.0),  # 44 is not offered
+        ("<answer>7 + 4 = 11</answer>", 1.0),  # "= target" is dropped
+        ("<answer>4 * 4 - 7 + 2</answer>", 0.0),  # 2 is not offered
+        ("<answer>(7 - 4) * 4 - 4 / 4</answer>", 0.0),  # 4 three times, only offered twice
+        ("<answer>4 + 4 + 7</answer>", 0.1),  # well formed, 15 != 11
+        ("<answer>7 / 4 + 4</answer>", 0.1),  # 23/4, exact fractions
+        ("<answer>7 / (4 - 4)</answer>", 0.0),  # division by zero
+        ("<answer>7 ** 4</answer>", 0.0),  # power is not allowed
+        ("<answer>7 // 4</answer>", 0.0),  # floor division is not allowed
+        ("<answer>-4 + 7 + 4 + 4</answer>", 0.0),  # unary minus is not allowed
+        ("<answer>4.0 + 7</answer>", 0.0),  # float literals are not offered numbers
+        ("<answer>(4)(7)</answer>", 0.0),  # a call
+        ("<answer></answer>", 0.0),
+        ("<answer>7</answer>", 0.0),  # a bare offered number: no format credit
+        ("So the answer is\n4", 0.0),
+        ("<answer>(7)</answer>", 0.0),
+        ("I don't know", 0.0),
+        ("", 0.0),
+    ],
+)
 def test_scores(reply, reward):
     env = load(num_tasks=1)
     [(got, metrics)] = env.score([example([4, 4, 7], 11)], [reply])

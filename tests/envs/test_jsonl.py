@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from grpokit.env import EnvSpec, Environment
+from grpokit.env import Environment, EnvSpec
 from grpokit.envs.jsonl import EXAMPLE_PATH
 
 

@@ -14,7 +14,9 @@ from grpokit.testing import tiny_fit_argv
 
 
 def test_resume_at_max_steps_publishes_the_final_weights(tmp_path, tiny_model):
-    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--trainer.max_steps", "2", "--ckpt.interval", "2", "--data.eval", "null")
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--trainer.max_steps", "2", "--ckpt.interval", "2", "--data.eval", "null"
+    )
     assert main(argv) == 0
     final = tmp_path / "r" / "broadcasts" / "step_2"
     assert (final / "STABLE").exists() and (tmp_path / "r" / "checkpoints" / "step_2.ckpt").exists()

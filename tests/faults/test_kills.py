@@ -66,7 +66,11 @@ def wait_for_progress(run: Path, target: int, since: float, procs: dict) -> None
     """Block until the trainer has logged `target` steps, written a row after `since` (a restarted trainer
     is past its start) and a checkpoint exists; fail if a process dies or nothing moves for WAIT s."""
     deadline = time.monotonic() + WAIT
-    while not (trained_steps(run) >= target and (run / "metrics.csv").stat().st_mtime > since and any((run / "checkpoints").glob("step_*.ckpt"))):
+    while not (
+        trained_steps(run) >= target
+        and (run / "metrics.csv").stat().st_mtime > since
+        and any((run / "checkpoints").glob("step_*.ckpt"))
+    ):
         for role, p in procs.items():
             assert p.poll() is None or p.returncode == 0, f"{role} exited with {p.returncode} before step {target}"
         assert time.monotonic() < deadline, f"no step {target} after {WAIT} s"
@@ -106,17 +110,34 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed):
     rng = random.Random(seed)
     run = tmp_path / "colo"
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "colo", "--trainer.max_steps", str(STEPS), "--ckpt.interval", "3", "--data.transport", TRANSPORT,
-        "--data.eval", "null", "--data.sampling.max_tokens", "6",
+        tmp_path,
+        tiny_model,
+        "colo",
+        "--trainer.max_steps",
+        str(STEPS),
+        "--ckpt.interval",
+        "3",
+        "--data.transport",
+        TRANSPORT,
+        "--data.eval",
+        "null",
+        "--data.sampling.max_tokens",
+        "6",
     )
     resume = ["--ckpt.resume_step", "-1"]
     survived = 0
     for attempt, target in enumerate(sorted(rng.sample(range(3, KILL_BEFORE), COLOCATE_KILLS))):
         log, started = open(tmp_path / f"fit_{attempt}.log", "w"), time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", *argv, *(resume if attempt else [])], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpokit.cli", *argv, *(resume if attempt else [])],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_for_progress(run, target, started, {"fit": proc})
-            time.sleep(rng.uniform(0.0, 1.0))  # anywhere in a step: sampling, training, a batch, broadcast or checkpoint write
+            time.sleep(
+                rng.uniform(0.0, 1.0)
+            )  # anywhere in a step: sampling, training, a batch, broadcast or checkpoint write
             survived += kill(proc)
         finally:
             if proc.poll() is None:
@@ -131,16 +152,37 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
     rng = random.Random(seed)
     http_port, run = free_port(), tmp_path / "mp"
     common = tiny_fit_argv(
-        tmp_path, tiny_model, "mp", "--trainer.max_steps", str(STEPS), "--ckpt.interval", "2", "--data.transport", TRANSPORT,
-        "--data.eval", "null", "--data.sampling.max_tokens", "6", "--data.timeout", str(WAIT), "--server.port", str(http_port),
-        "--inference", "RemoteEngine", "--inference.init_args.base_url", f"http://127.0.0.1:{http_port}/v1",
-        "--inference.init_args.max_retries", "8",  # ~90 s of backoff: longer than a server restart
+        tmp_path,
+        tiny_model,
+        "mp",
+        "--trainer.max_steps",
+        str(STEPS),
+        "--ckpt.interval",
+        "2",
+        "--data.transport",
+        TRANSPORT,
+        "--data.eval",
+        "null",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.timeout",
+        str(WAIT),
+        "--server.port",
+        str(http_port),
+        "--inference",
+        "RemoteEngine",
+        "--inference.init_args.base_url",
+        f"http://127.0.0.1:{http_port}/v1",
+        "--inference.init_args.max_retries",
+        "8",  # ~90 s of backoff: longer than a server restart
         command="",
     )[1:]
     logs = {role: open(tmp_path / f"{role}.log", "a") for role in ("infer", "orchestrate", "train")}
 
     def launch(role: str, *extra: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "grpokit.cli", role, *common, *extra], stdout=logs[role], stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "grpokit.cli", role, *common, *extra], stdout=logs[role], stderr=subprocess.STDOUT
+        )
 
     procs = {role: launch(role) for role in ("train", "orchestrate", "infer")}
     survived, since = {}, 0.0
@@ -168,8 +210,21 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
 def test_a_batch_sampled_with_weights_newer_than_its_step_is_refused():
     """ZMQ holds no batches on disk: after a trainer restart the orchestrator samples again, and an engine
     still holding the killed trainer's newer weights would hand it rollouts from the future."""
-    rollout = Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.5],
-                      completion_mask=[1], reward=0.0, is_truncated=False, policy_step=7)
+    rollout = Rollout(
+        example_id=0,
+        env_id="e",
+        group_id=0,
+        prompt_ids=[1],
+        completion_ids=[2],
+        completion_logprobs=[-0.5],
+        completion_mask=[1],
+        reward=0.0,
+        is_truncated=False,
+        policy_step=7,
+    )
     check_not_from_the_future(7, [rollout])
-    with pytest.raises(RuntimeError, match=r"step 5 was sampled with weights of step 7: .*Restart the engine \(`grpokit infer`\) after the trainer"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"step 5 was sampled with weights of step 7: .*Restart the engine \(`grpokit infer`\) after the trainer",
+    ):
         check_not_from_the_future(5, [rollout])

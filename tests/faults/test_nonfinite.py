@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.guards import NonFiniteError
+from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 
 NAN_LOSS = '''
@@ -30,9 +30,26 @@ class NaNAtSteps(Loss):
 
 def run(tmp_path, tiny_model, name, steps, *extra):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, name, "--model.loss", "nan_loss.NaNAtSteps", "--model.loss.init_args.steps", str(steps),
-        "--data.sampling.max_tokens", "6", "--data.eval", "null", "--data.max_async_level", "0",
-        "--trainer.max_steps", "4", "--ckpt.interval", "0", "--broadcast.init_args.keep_last", "10", *extra,
+        tmp_path,
+        tiny_model,
+        name,
+        "--model.loss",
+        "nan_loss.NaNAtSteps",
+        "--model.loss.init_args.steps",
+        str(steps),
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.eval",
+        "null",
+        "--data.max_async_level",
+        "0",
+        "--trainer.max_steps",
+        "4",
+        "--ckpt.interval",
+        "0",
+        "--broadcast.init_args.keep_last",
+        "10",
+        *extra,
     )
     return main(argv)
 

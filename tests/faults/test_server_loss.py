@@ -14,7 +14,9 @@ from grpokit.inference.remote import RemoteEngine
 from grpokit.testing import ScriptedServer
 
 ANSWER = {
-    "choices": [{"index": 0, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.25, -0.5]}, "finish_reason": "stop"}],
+    "choices": [
+        {"index": 0, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.25, -0.5]}, "finish_reason": "stop"}
+    ],
     "weight_step": 3,
 }
 
@@ -37,7 +39,10 @@ def test_dropped_and_truncated_answers_are_retried_with_backoff(caplog):
 def test_a_server_that_stays_away_is_reported_naming_it_and_the_settings():
     with ScriptedServer(["close"]) as server:
         start = time.monotonic()
-        with pytest.raises(ConnectionError, match=rf"inference server {server.url} failed 3 tries .*inference.init_args.max_retries \(2\)"):
+        with pytest.raises(
+            ConnectionError,
+            match=rf"inference server {server.url} failed 3 tries .*inference.init_args.max_retries \(2\)",
+        ):
             engine(server.url, max_retries=2).generate([[1, 2]], 1, SamplingSettings(max_tokens=4))
     assert len(server.request_times) == 3 and time.monotonic() - start >= 1.5
 

@@ -27,17 +27,26 @@ def test_trainer_waiting_for_a_batch_names_the_orchestrator_and_data_timeout(tmp
     data = Orchestrator(batch_size=8, rollouts_per_example=4, timeout=0.5)
     data.connect_trainer(tmp_path, max_steps=2)
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"no batch for step 0 after 0s \(data.timeout\): the orchestrator .* sent none.*rollouts/step_0"):
+    with pytest.raises(
+        TimeoutError,
+        match=r"no batch for step 0 after 0s \(data.timeout\): the orchestrator .* sent none.*rollouts/step_0",
+    ):
         data.receive(0)
     assert time.monotonic() - start < 5
 
 
 def test_orchestrator_waiting_for_weights_names_the_trainer_and_data_timeout(tmp_path, tiny_model):
-    data = Orchestrator(env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.3)
+    data = Orchestrator(
+        env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.3
+    )
     broadcast = FilesystemBroadcast()
     broadcast.setup(tmp_path)  # nothing published: the trainer never started
     data.connect(RemoteEngine(), broadcast, load_tokenizer(tiny_model), tmp_path, max_steps=2)
-    with pytest.raises(TimeoutError, match=r"no weights of step >= 0 after 0s \(data.timeout\): is the trainer \(`grpokit train`\) running .*FilesystemBroadcast"):
+    with pytest.raises(
+        TimeoutError,
+        match=r"no weights of step >= 0 after 0s \(data.timeout\): is the "
+        r"trainer \(`grpokit train`\) running .*FilesystemBroadcast",
+    ):
         data.wait_for_weights(0)
 
 
@@ -46,6 +55,8 @@ def test_a_server_that_never_answers_is_reported_after_timeout_and_retries():
         remote = RemoteEngine(base_url=server.url, timeout=0.3, max_retries=1)
         remote.setup("unused")
         start = time.monotonic()
-        with pytest.raises(ConnectionError, match=r"failed 2 tries \((TimeoutError|timeout)\b.*inference.init_args.timeout \(0.3s\)"):
+        with pytest.raises(
+            ConnectionError, match=r"failed 2 tries \((TimeoutError|timeout)\b.*inference.init_args.timeout \(0.3s\)"
+        ):
             remote.generate([[1, 2]], 1, SamplingSettings(max_tokens=4))
         assert time.monotonic() - start < 5 and len(server.request_times) == 2

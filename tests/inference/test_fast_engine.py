@@ -50,7 +50,7 @@ def test_sampled_logprobs_match_a_plain_forward(tiny_model):
             ids = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
                 logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
-            want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+            want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
             torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
 
 
@@ -66,9 +66,17 @@ def test_qwen3_shape_with_qk_norm_and_gqa(tmp_path):
 
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=2, pad_token_id=0,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     model = Qwen3ForCausalLM(config).eval()
     runner = ModelRunner(model, num_slots=2, max_len=64, use_cuda_graphs=False)
@@ -104,7 +112,9 @@ def test_lora_update_applies_on_the_fast_path(tiny_model):
     assert_same_greedy(plain, fast)
     before = fast.generate(PROMPTS, 1, SamplingSettings(temperature=0.0, max_tokens=6))
     for engine in (plain, fast):  # second update: values change in place
-        engine.load_weights(WeightUpdate(step=2, tensors={k: v * 2 for k, v in tensors.items()}, lora_config=lora_config))
+        engine.load_weights(
+            WeightUpdate(step=2, tensors={k: v * 2 for k, v in tensors.items()}, lora_config=lora_config)
+        )
     assert_same_greedy(plain, fast)
     after = fast.generate(PROMPTS, 1, SamplingSettings(temperature=0.0, max_tokens=6))
     assert after[0][0].policy_step == 2

@@ -27,7 +27,9 @@ def test_min_tokens_matches_hf_min_new_tokens():
     logits_BV = torch.randn(2, 11, dtype=torch.float64)
     prompt_len, generated = 4, 2
     input_ids = torch.randint(0, 11, (2, prompt_len + generated))
-    hf = MinNewTokensLengthLogitsProcessor(prompt_len, min_new_tokens=3, eos_token_id=[0, 7])(input_ids, logits_BV.clone())
+    hf = MinNewTokensLengthLogitsProcessor(prompt_len, min_new_tokens=3, eos_token_id=[0, 7])(
+        input_ids, logits_BV.clone()
+    )
     ours = apply_min_tokens(logits_BV, torch.full((2,), generated), 3, torch.tensor([0, 7]))
     assert torch.equal(ours, hf)
 
@@ -46,7 +48,9 @@ def test_repetition_penalty_matches_hf(penalty):
     logits_BV = torch.randn(3, 20, dtype=torch.float64)
     ids_BT = torch.randint(0, 20, (3, 9))
     hf = RepetitionPenaltyLogitsProcessor(penalty)(ids_BT, logits_BV.clone())
-    ours = apply_repetition_penalty(logits_BV, seen_tokens(ids_BT, torch.ones_like(ids_BT, dtype=torch.bool), 20), penalty)
+    ours = apply_repetition_penalty(
+        logits_BV, seen_tokens(ids_BT, torch.ones_like(ids_BT, dtype=torch.bool), 20), penalty
+    )
     assert torch.allclose(ours, hf, rtol=0, atol=1e-12)
 
 

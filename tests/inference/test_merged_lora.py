@@ -17,7 +17,12 @@ PROMPTS = [[1, 520, 9531, 198], [1, 4093, 198, 6004, 2, 198, 1, 520]]  # differe
 
 
 def trainer(tiny_model, seed=0):
-    p = Policy(model=tiny_model, lora=LoraSettings(rank=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    p = Policy(
+        model=tiny_model,
+        lora=LoraSettings(
+            rank=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        ),
+    )
     p.configure_model()
     randomize_adapter(p, seed)
     return p
@@ -56,12 +61,16 @@ def test_merged_sampling_equals_the_unmerged_adapter_across_updates(tiny_model):
             inside = logits(merged.model, ids)
         reference = logits(unmerged.model, ids)
         assert torch.allclose(inside, reference, atol=1e-4), (inside - reference).abs().max()
-        assert not torch.allclose(logits(load_causal_lm(tiny_model).eval(), ids), reference, atol=1e-2)  # the adapter matters
+        assert not torch.allclose(
+            logits(load_causal_lm(tiny_model).eval(), ids), reference, atol=1e-2
+        )  # the adapter matters
         assert torch.equal(logits(merged.model, ids), reference)  # outside active(): peft's unmerged model again
         assert merged.weights_sha256() == unmerged.weights_sha256()
 
         settings = SamplingSettings(temperature=0.0, max_tokens=10, seed=3)
-        assert [[c.token_ids for c in g] for g in merged.generate(PROMPTS, 2, settings)] == [[c.token_ids for c in g] for g in unmerged.generate(PROMPTS, 2, settings)]
+        assert [[c.token_ids for c in g] for g in merged.generate(PROMPTS, 2, settings)] == [
+            [c.token_ids for c in g] for g in unmerged.generate(PROMPTS, 2, settings)
+        ]
 
 
 def test_merged_engine_logprobs_match_the_trainers_unmerged_forward(tiny_model):
@@ -73,7 +82,9 @@ def test_merged_engine_logprobs_match_the_trainers_unmerged_forward(tiny_model):
         for c in group:
             ids = prompt + c.token_ids
             with torch.no_grad():
-                lp = packed_token_logprobs(policy.lm, torch.tensor(ids), torch.arange(len(ids)), torch.tensor([len(ids)]), 0.8)
+                lp = packed_token_logprobs(
+                    policy.lm, torch.tensor(ids), torch.arange(len(ids)), torch.tensor([len(ids)]), 0.8
+                )
             mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(c.token_ids))
             err = mismatch_metrics(lp, torch.tensor([0.0] * len(prompt) + c.logprobs), mask)["token_mult_prob_error"]
             assert float(err) < 1.0 + 1e-4

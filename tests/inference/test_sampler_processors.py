@@ -18,12 +18,16 @@ def model_and_tokenizer(tiny_model):
 
 def run(model, tokenizer, stop_ids, seed=0, **settings):
     generator = torch.Generator().manual_seed(seed)
-    return sample(model, [PROMPT], SamplingSettings(**settings), stop_ids, tokenizer.pad_token_id, generator, tokenizer.decode)[0]
+    return sample(
+        model, [PROMPT], SamplingSettings(**settings), stop_ids, tokenizer.pad_token_id, generator, tokenizer.decode
+    )[0]
 
 
 def hf_greedy(model, max_new_tokens, **kwargs):
-    out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0, **kwargs)
-    return out[0, len(PROMPT):].tolist()
+    out = model.generate(
+        torch.tensor([PROMPT]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0, **kwargs
+    )
+    return out[0, len(PROMPT) :].tolist()
 
 
 def test_repetition_penalty_greedy_matches_hf_generate(model_and_tokenizer):
@@ -58,7 +62,16 @@ def test_stop_strings_before_min_tokens_do_not_end_the_completion(model_and_toke
 def test_logprobs_are_of_the_processed_distribution(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     stop_ids, temperature, penalty, min_tokens = {tokenizer.eos_token_id, 198}, 0.7, 1.3, 3
-    tokens, logprobs, _ = run(model, tokenizer, stop_ids, seed=5, temperature=temperature, max_tokens=10, repetition_penalty=penalty, min_tokens=min_tokens)
+    tokens, logprobs, _ = run(
+        model,
+        tokenizer,
+        stop_ids,
+        seed=5,
+        temperature=temperature,
+        max_tokens=10,
+        repetition_penalty=penalty,
+        min_tokens=min_tokens,
+    )
     with torch.no_grad():
         logits_TV = model(input_ids=torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1].double()
     expected = []
@@ -69,7 +82,9 @@ def test_logprobs_are_of_the_processed_distribution(model_and_tokenizer):
         if t < min_tokens:
             logits_V[sorted(stop_ids)] = float("-inf")
         expected.append(float(torch.log_softmax(logits_V / temperature, -1)[tok]))
-    assert torch.allclose(torch.tensor(logprobs, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(
+        torch.tensor(logprobs, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64), atol=1e-4
+    )
 
 
 def test_invalid_settings_name_the_key():
@@ -92,13 +107,39 @@ def test_repeated_prompts_are_prefilled_once_with_the_same_cache_and_logits(mode
     with torch.no_grad():
         ids_BP, mask_BP, pos_BP, cache, logits_BV = prefill(model, prompts, tokenizer.pad_token_id, "cpu")
         full = DynamicCache()
-        reference_BV = model(input_ids=ids_BP, attention_mask=mask_BP, position_ids=pos_BP, past_key_values=full, use_cache=True).logits[:, -1]
+        reference_BV = model(
+            input_ids=ids_BP, attention_mask=mask_BP, position_ids=pos_BP, past_key_values=full, use_cache=True
+        ).logits[:, -1]
     assert ids_BP.shape == (5, len(PROMPT)) and mask_BP[1].tolist() == [0, 0, 1, 1, 1, 1]
     torch.testing.assert_close(logits_BV, reference_BV, atol=1e-5, rtol=0)
     for layer, reference in zip(cache.layers, full.layers):
-        torch.testing.assert_close(layer.keys[mask_BP.bool()[:, None, :].expand_as(layer.keys[..., 0])], reference.keys[mask_BP.bool()[:, None, :].expand_as(reference.keys[..., 0])], atol=1e-5, rtol=0)
-    greedy = sample(model, prompts, SamplingSettings(temperature=0.0, max_tokens=6), set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)
-    alone = [sample(model, [p], SamplingSettings(temperature=0.0, max_tokens=6), set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0] for p in (PROMPT, short)]
+        torch.testing.assert_close(
+            layer.keys[mask_BP.bool()[:, None, :].expand_as(layer.keys[..., 0])],
+            reference.keys[mask_BP.bool()[:, None, :].expand_as(reference.keys[..., 0])],
+            atol=1e-5,
+            rtol=0,
+        )
+    greedy = sample(
+        model,
+        prompts,
+        SamplingSettings(temperature=0.0, max_tokens=6),
+        set(),
+        tokenizer.pad_token_id,
+        torch.Generator(),
+        tokenizer.decode,
+    )
+    alone = [
+        sample(
+            model,
+            [p],
+            SamplingSettings(temperature=0.0, max_tokens=6),
+            set(),
+            tokenizer.pad_token_id,
+            torch.Generator(),
+            tokenizer.decode,
+        )[0]
+        for p in (PROMPT, short)
+    ]
     assert [g[0] for g in greedy] == [alone[i][0] for i in (0, 1, 0, 1, 0)]
     for g, i in zip(greedy, (0, 1, 0, 1, 0)):
         assert g[1] == pytest.approx(alone[i][1], abs=1e-4)
@@ -111,12 +152,18 @@ def test_finished_rows_leave_the_batch_and_the_others_continue_unchanged(model_a
     short = PROMPT[:4]
     for penalty in (1.0, 1.3):
         settings = SamplingSettings(temperature=0.0, max_tokens=8, repetition_penalty=penalty)
-        free, free_short = (sample(model, [p], settings, set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0][0] for p in (PROMPT, short))
+        free, free_short = (
+            sample(model, [p], settings, set(), tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0][0]
+            for p in (PROMPT, short)
+        )
         k = next(k for k, tok in enumerate(free) if tok not in free_short)
         stop = {free[k]}  # PROMPT's completion stops after k + 1 tokens; the other prompt's runs to max_tokens
         prompts = [short, PROMPT, short, PROMPT]
         batch = sample(model, prompts, settings, stop, tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)
-        alone = [sample(model, [p], settings, stop, tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0] for p in prompts]
+        alone = [
+            sample(model, [p], settings, stop, tokenizer.pad_token_id, torch.Generator(), tokenizer.decode)[0]
+            for p in prompts
+        ]
         assert batch[1][0] == free[: k + 1] and batch[1][2] is False and k + 1 < 8  # stopped early, not truncated
         assert batch[0][0] == free_short and batch[0][2] is True  # ran on without the stopped rows
         assert [r[0] for r in batch] == [r[0] for r in alone] and [r[2] for r in batch] == [r[2] for r in alone]

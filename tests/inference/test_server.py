@@ -23,8 +23,6 @@ MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
 PROMPT_IDS = [1, 520, 9531, 198]
 
 
-
-
 @pytest.fixture(scope="module")
 def shared_server(tiny_model):
     """For tests that change nothing in the engine."""
@@ -53,7 +51,9 @@ def trainer_error(model, prompt: list[int], completion: list[int], logprobs: lis
     """token_mult_prob_error of the engine's logprobs against the trainer's, on the completion tokens."""
     ids = prompt + completion
     with torch.no_grad():
-        trainer = packed_token_logprobs(model, torch.tensor(ids), torch.arange(len(ids)), torch.tensor([len(ids)]), temperature)
+        trainer = packed_token_logprobs(
+            model, torch.tensor(ids), torch.arange(len(ids)), torch.tensor([len(ids)]), temperature
+        )
     mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(completion))
     return float(mismatch_metrics(trainer, torch.tensor([0.0] * len(prompt) + logprobs), mask)["token_mult_prob_error"])
 
@@ -64,10 +64,18 @@ def test_chat_logprobs_and_token_ids_match_the_trainer(tiny_model, client_for):
         models = client.models.list().data
         assert [m.id for m in models] == ["tiny"] and models[0].max_model_len == 512
         r = client.chat.completions.create(
-            model="tiny", messages=MESSAGES, n=2, max_tokens=5, temperature=0.7, seed=3, logprobs=True,
+            model="tiny",
+            messages=MESSAGES,
+            n=2,
+            max_tokens=5,
+            temperature=0.7,
+            seed=3,
+            logprobs=True,
             extra_body={"return_token_ids": True},
         )
-        prompt = engine.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+        prompt = engine.tokenizer.apply_chat_template(
+            MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         assert r.prompt_token_ids == prompt and r.weight_step == -1 and len(r.choices) == 2
         for choice in r.choices:
             content = choice.logprobs.content
@@ -75,13 +83,24 @@ def test_chat_logprobs_and_token_ids_match_the_trainer(tiny_model, client_for):
             assert all(c.top_logprobs == [] and c.bytes == list(c.token.encode()) for c in content)
             assert trainer_error(engine.model, prompt, choice.token_ids, [c.logprob for c in content], 0.7) < 1 + 1e-4
             assert choice.message.content == engine.tokenizer.decode(choice.token_ids, skip_special_tokens=True)
-        assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 10 and r.usage.total_tokens == len(prompt) + 10
+        assert (
+            r.usage.prompt_tokens == len(prompt)
+            and r.usage.completion_tokens == 10
+            and r.usage.total_tokens == len(prompt) + 10
+        )
 
 
 def test_completions_with_token_ids_equal_the_engine(tiny_model, client_for):
     with serving(tiny_model) as (engine, server):
         client = client_for(server)
-        r = client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=4, temperature=0, logprobs=0, extra_body={"return_token_ids": True})
+        r = client.completions.create(
+            model="tiny",
+            prompt=PROMPT_IDS,
+            max_tokens=4,
+            temperature=0,
+            logprobs=0,
+            extra_body={"return_token_ids": True},
+        )
         (choice,) = r.choices
         direct = engine.generate([PROMPT_IDS], 1, SamplingSettings(temperature=0, max_tokens=4))[0][0]
         assert choice.prompt_token_ids == PROMPT_IDS and choice.token_ids == direct.token_ids
@@ -90,7 +109,14 @@ def test_completions_with_token_ids_equal_the_engine(tiny_model, client_for):
         assert choice.logprobs.text_offset[0] == 0 and len(choice.logprobs.top_logprobs) == 4
         # a batch of a string and token ids: one choice group per prompt, in order
         text = "hello world"
-        r = client.completions.create(model="tiny", prompt=[text, PROMPT_IDS], n=2, max_tokens=3, temperature=0, extra_body={"return_token_ids": True})
+        r = client.completions.create(
+            model="tiny",
+            prompt=[text, PROMPT_IDS],
+            n=2,
+            max_tokens=3,
+            temperature=0,
+            extra_body={"return_token_ids": True},
+        )
         assert [c.index for c in r.choices] == [0, 1, 2, 3]
         assert [c.prompt_token_ids for c in r.choices] == [engine.tokenizer.encode(text)] * 2 + [PROMPT_IDS] * 2
         assert r.choices[2].token_ids == direct.token_ids[:3] and r.choices[0].logprobs is None
@@ -101,7 +127,9 @@ def test_greedy_is_deterministic_and_a_seed_reproduces(tiny_model, client_for):
         client = client_for(server)
 
         def ids(**kwargs):
-            r = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, max_tokens=6, extra_body={"return_token_ids": True}, **kwargs)
+            r = client.chat.completions.create(
+                model="tiny", messages=MESSAGES, n=2, max_tokens=6, extra_body={"return_token_ids": True}, **kwargs
+            )
             return [c.token_ids for c in r.choices]
 
         greedy = ids(temperature=0)
@@ -116,7 +144,14 @@ def test_weight_step_follows_the_broadcast(tiny_model, tmp_path, client_for):
         client = client_for(server)
 
         def greedy():
-            return client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=4, temperature=0, logprobs=0, extra_body={"return_token_ids": True})
+            return client.completions.create(
+                model="tiny",
+                prompt=PROMPT_IDS,
+                max_tokens=4,
+                temperature=0,
+                logprobs=0,
+                extra_body={"return_token_ids": True},
+            )
 
         before = greedy()
         assert before.weight_step == -1
@@ -144,23 +179,26 @@ def test_remote_engine_passes_min_tokens_and_repetition_penalty_through(tiny_mod
     assert via_server.logprobs == pytest.approx(direct.logprobs, abs=1e-6)
 
 
-@pytest.mark.parametrize(("path", "body", "param", "message"), [
-    ("/chat/completions", {"model": "tiny"}, "messages", "messages"),
-    ("/chat/completions", {"messages": MESSAGES, "n": 0}, "n", ">= 1"),
-    ("/chat/completions", {"messages": MESSAGES, "temperature": "hot"}, "temperature", "a number"),
-    ("/chat/completions", {"messages": MESSAGES, "max_tokens": True}, "max_tokens", "an integer"),
-    ("/chat/completions", {"messages": MESSAGES, "stream": True}, "stream", "stream is not supported"),
-    ("/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "sampled token"),
-    ("/chat/completions", {"messages": [{"content": "no role"}]}, "messages", "role"),
-    ("/chat/completions", {"messages": MESSAGES, "max_tokens": 10_000}, "max_tokens", "context is 512"),
-    ("/completions", {"prompt": [1, 10**9]}, "prompt", "token ids"),
-    ("/completions", {"prompt": []}, "prompt", "prompt"),
-    ("/completions", {"prompt": "x", "stop": 3}, "stop", "stop"),
-    ("/completions", b"{not json", None, "not valid JSON"),
-    ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "in [0, max_tokens=4]"),
-    ("/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
-    ("/chat/completions", {"messages": MESSAGES, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/chat/completions", {"model": "tiny"}, "messages", "messages"),
+        ("/chat/completions", {"messages": MESSAGES, "n": 0}, "n", ">= 1"),
+        ("/chat/completions", {"messages": MESSAGES, "temperature": "hot"}, "temperature", "a number"),
+        ("/chat/completions", {"messages": MESSAGES, "max_tokens": True}, "max_tokens", "an integer"),
+        ("/chat/completions", {"messages": MESSAGES, "stream": True}, "stream", "stream is not supported"),
+        ("/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "sampled token"),
+        ("/chat/completions", {"messages": [{"content": "no role"}]}, "messages", "role"),
+        ("/chat/completions", {"messages": MESSAGES, "max_tokens": 10_000}, "max_tokens", "context is 512"),
+        ("/completions", {"prompt": [1, 10**9]}, "prompt", "token ids"),
+        ("/completions", {"prompt": []}, "prompt", "prompt"),
+        ("/completions", {"prompt": "x", "stop": 3}, "stop", "stop"),
+        ("/completions", b"{not json", None, "not valid JSON"),
+        ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "in [0, max_tokens=4]"),
+        ("/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        ("/chat/completions", {"messages": MESSAGES, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ],
+)
 def test_bad_requests_get_a_400_naming_the_field(shared_server, path, body, param, message):
     status, payload, text = post(shared_server, path, body)
     assert status == 400 and payload["error"]["param"] == param and message in payload["error"]["message"]

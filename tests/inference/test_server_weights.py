@@ -28,8 +28,6 @@ from grpokit.testing import serving
 from grpokit.types import WeightUpdate
 
 
-
-
 def get(url: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=60) as r:
@@ -42,13 +40,23 @@ def lora_update(tiny_model: str, step: int) -> WeightUpdate:
     """A LoRA update as Policy.weight_update makes it (peft names, the config as a dict), with random B."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    model = get_peft_model(load_causal_lm(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        load_causal_lm(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
     g = torch.Generator().manual_seed(step)
     for name, p in model.named_parameters():
         if "lora_B" in name:
             p.data.copy_(torch.randn(p.shape, generator=g))
-    config = json.loads(json.dumps(model.peft_config["default"].to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-    return WeightUpdate(step=step, tensors={k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}, lora_config=config)
+    config = json.loads(
+        json.dumps(
+            model.peft_config["default"].to_dict(), default=lambda o: sorted(o) if isinstance(o, set) else str(o)
+        )
+    )
+    return WeightUpdate(
+        step=step,
+        tensors={k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()},
+        lora_config=config,
+    )
 
 
 def test_weights_endpoint_loads_the_newest_step_first_and_its_checksum_is_the_trainers(tiny_model, tmp_path):
@@ -121,7 +129,9 @@ def test_the_orchestrator_polls_the_broadcast_only_where_it_may():
     assert weight_source(local, nccl) is nccl  # the orchestrator's process is the engine's (fit)
     assert isinstance(weight_source(remote, nccl), ServedWeights)
     assert isinstance(weight_source(two, ipc), ServedWeights)  # several servers map the same segments
-    with pytest.raises(ValueError, match=r"NCCLBroadcast reaches 1 engine.*inference.init_args.base_url lists 2 servers"):
+    with pytest.raises(
+        ValueError, match=r"NCCLBroadcast reaches 1 engine.*inference.init_args.base_url lists 2 servers"
+    ):
         weight_source(two, nccl)
     assert nccl.rank is None  # nothing joined
 
@@ -136,9 +146,14 @@ def test_orchestrator_waits_for_the_servers_weights(tiny_model, tmp_path):
     with serving(tiny_model, reader) as (engine, server):
         remote = RemoteEngine(base_url=server.url, model_name="tiny")
         remote.setup(tiny_model)
-        data = Orchestrator(env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.5)
+        data = Orchestrator(
+            env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.5
+        )
         data.connect(remote, never, load_tokenizer(tiny_model), tmp_path, max_steps=2)
-        with pytest.raises(TimeoutError, match=r"no weights of step >= 0 .*\(IPCBroadcast\) to the server \(`grpokit infer`.*holds step -1\)\?"):
+        with pytest.raises(
+            TimeoutError,
+            match=r"no weights of step >= 0 .*\(IPCBroadcast\) to the server \(`grpokit infer`.*holds step -1\)\?",
+        ):
             data.wait_for_weights(0)
         trainer.publish(lora_update(tiny_model, step=0))
         data.wait_for_weights(0)

@@ -17,7 +17,8 @@ from grpokit.types import WeightUpdate
 
 
 class StubVLLM(BaseHTTPRequestHandler):
-    """Answers like vLLM 0.32: plain-text adapter routes, completions that echo the adapter name and carry no weight_step."""
+    """Answers like vLLM 0.32: plain-text adapter routes, completions that echo the adapter name and carry no
+    weight_step."""
 
     calls: list[tuple[str, dict]] = []
 
@@ -25,7 +26,15 @@ class StubVLLM(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.calls.append((self.path, body))
         if self.path.endswith("/completions"):
-            choices = [{"index": i, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]}, "finish_reason": "length"} for i in range(body["n"])]
+            choices = [
+                {
+                    "index": i,
+                    "token_ids": [5, 6],
+                    "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                    "finish_reason": "length",
+                }
+                for i in range(body["n"])
+            ]
             payload = json.dumps({"model": body["model"], "choices": choices}).encode()
         else:
             payload = b"Success"
@@ -67,8 +76,11 @@ def test_hot_loads_each_step_and_names_it_in_requests(tmp_path, stub_url):
     assert a.token_ids == [5, 6] and a.logprobs == [-1.0, -2.0]
     routes = [(path, body.get("lora_name") or body.get("model")) for path, body in StubVLLM.calls]
     assert routes == [
-        ("/v1/completions", "base"), ("/v1/load_lora_adapter", "step_1"), ("/v1/load_lora_adapter", "step_2"),
-        ("/v1/unload_lora_adapter", "step_1"), ("/v1/completions", "step_2"),
+        ("/v1/completions", "base"),
+        ("/v1/load_lora_adapter", "step_1"),
+        ("/v1/load_lora_adapter", "step_2"),
+        ("/v1/unload_lora_adapter", "step_1"),
+        ("/v1/completions", "step_2"),
     ]
     load = StubVLLM.calls[2][1]
     assert load["lora_path"] == str(tmp_path / "broadcasts" / "step_2") and load["load_inplace"] is True

@@ -21,7 +21,8 @@ STAND_IN = """
 import http.server, json, os, subprocess, sys
 args, record = sys.argv[2:], open(sys.argv[1], "a", buffering=1)
 def note(**fields): record.write(json.dumps(fields) + "\\n")
-note(event="start", pid=os.getpid(), argv=args, lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"), dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE"))
+note(event="start", pid=os.getpid(), argv=args, lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+     dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE"))
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # an engine-core worker in its group
 served, fail = args[args.index("--served-model-name") + 1], os.environ.get("STAND_IN_MODE") == "fail"
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -37,7 +38,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if fail:
             return self.answer({"error": "the stand-in refuses"}, 400)
         k = body["max_tokens"]
-        choices = [{"index": i, "token_ids": list(range(20, 20 + k)), "logprobs": {"token_logprobs": [-1.0] * k}, "finish_reason": "length"} for i in range(body["n"])]
+        choices = [{"index": i, "token_ids": list(range(20, 20 + k)), "logprobs": {"token_logprobs": [-1.0] * k},
+                    "finish_reason": "length"} for i in range(body["n"])]
         self.answer({"model": body["model"], "choices": choices})
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
@@ -54,9 +56,28 @@ def fit_argv(tmp_path, tiny_model, port: int, *extra: str) -> list[str]:
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     return tiny_fit_argv(
-        tmp_path, tiny_model, "run", "--trainer.max_steps", "2", "--ckpt.interval", "0", "--data.eval", "null", "--data.max_async_level", "0", "--server.port", str(port),
-        "--inference", "VLLMEngine", "--inference.init_args.model_name", "stand-in", "--inference.init_args.max_retries", "0",
-        "--inference.init_args.serve.command", json.dumps([sys.executable, str(script), str(tmp_path / "record.jsonl")]), *extra,
+        tmp_path,
+        tiny_model,
+        "run",
+        "--trainer.max_steps",
+        "2",
+        "--ckpt.interval",
+        "0",
+        "--data.eval",
+        "null",
+        "--data.max_async_level",
+        "0",
+        "--server.port",
+        str(port),
+        "--inference",
+        "VLLMEngine",
+        "--inference.init_args.model_name",
+        "stand-in",
+        "--inference.init_args.max_retries",
+        "0",
+        "--inference.init_args.serve.command",
+        json.dumps([sys.executable, str(script), str(tmp_path / "record.jsonl")]),
+        *extra,
     )
 
 
@@ -71,7 +92,9 @@ def test_fit_starts_vllm_samples_from_it_and_stops_it(tmp_path, tiny_model):
     make_cli(fit_argv(tmp_path, tiny_model, port))
     start, *requests = records(tmp_path)
     argv = start["argv"]
-    assert argv[argv.index("--port") + 1] == str(port) and argv[argv.index("--max-lora-rank") + 1] == "8"  # server.port; rank 4 rounded up
+    assert (
+        argv[argv.index("--port") + 1] == str(port) and argv[argv.index("--max-lora-rank") + 1] == "8"
+    )  # server.port; rank 4 rounded up
     assert start["lora_updating"] == "True"
     completions = [r for r in requests if r["event"] == "/v1/completions"]
     assert {r["model"] for r in completions} == {"step_0", "step_1"}  # each step's adapter, hot-loaded
@@ -92,12 +115,24 @@ def test_a_failing_fit_stops_vllm(tmp_path, tiny_model):
     assert process_group_gone(start["pid"], within=10.0)
 
 
-def test_with_vllm_nccl_broadcast_the_worker_extension_is_loaded_and_the_broadcast_pointed_at_the_server(tmp_path, tiny_model):
+def test_with_vllm_nccl_broadcast_the_worker_extension_is_loaded_and_the_broadcast_pointed_at_the_server(
+    tmp_path, tiny_model
+):
     from grpokit.broadcast.vllm_nccl import WORKER_EXTENSION
     from grpokit.cli import make_cli
 
     port = free_port()
-    argv = fit_argv(tmp_path, tiny_model, port, "--model.lora", "null", "--broadcast", "VLLMNCCLBroadcast", "--broadcast.init_args.backend", "gloo")
+    argv = fit_argv(
+        tmp_path,
+        tiny_model,
+        port,
+        "--model.lora",
+        "null",
+        "--broadcast",
+        "VLLMNCCLBroadcast",
+        "--broadcast.init_args.backend",
+        "gloo",
+    )
     cli = make_cli(argv[1:], run=False, role="infer")  # parse and build only
     engine, broadcast = cli.config_init["inference"], cli.config_init["broadcast"]
     stopper = start_for_fit(cli, engine, broadcast, cli.config_init["server"])
@@ -105,7 +140,10 @@ def test_with_vllm_nccl_broadcast_the_worker_extension_is_loaded_and_the_broadca
         url = f"http://127.0.0.1:{port}/v1"
         assert engine.base_urls == [url] and broadcast.base_url == url  # not the recipe's default port 8000
         start = records(tmp_path)[0]
-        assert start["argv"][start["argv"].index("--worker-extension-cls") + 1] == WORKER_EXTENSION and start["dev_mode"] == "1"
+        assert (
+            start["argv"][start["argv"].index("--worker-extension-cls") + 1] == WORKER_EXTENSION
+            and start["dev_mode"] == "1"
+        )
         assert "--enable-lora" not in start["argv"]  # full fine-tuning
     finally:
         stopper.stop()
@@ -119,7 +157,9 @@ def test_fit_refuses_a_port_in_use_before_starting_anything(tmp_path, tiny_model
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        with pytest.raises(RuntimeError, match=r"server.host:server.port 127.0.0.1:\d+ is taken .*set server.port to a free port"):
+        with pytest.raises(
+            RuntimeError, match=r"server.host:server.port 127.0.0.1:\d+ is taken .*set server.port to a free port"
+        ):
             make_cli(fit_argv(tmp_path, tiny_model, taken.getsockname()[1]))
     assert not (tmp_path / "record.jsonl").exists()
 

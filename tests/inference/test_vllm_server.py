@@ -20,13 +20,29 @@ def flag(command: list[str], name: str) -> str | None:
 
 
 def test_command_carries_the_recipe_options():
-    serve = VLLMServe(tensor_parallel_size=2, data_parallel_size=4, max_model_len=4096, enforce_eager=True, extra_args=["--max-num-seqs", "64"])
-    cmd = serve_command(serve, "/models/qwen", "base", "0.0.0.0", 8001, "bfloat16", lora_rank=12, gpu_memory_utilization=0.55)
+    serve = VLLMServe(
+        tensor_parallel_size=2,
+        data_parallel_size=4,
+        max_model_len=4096,
+        enforce_eager=True,
+        extra_args=["--max-num-seqs", "64"],
+    )
+    cmd = serve_command(
+        serve, "/models/qwen", "base", "0.0.0.0", 8001, "bfloat16", lora_rank=12, gpu_memory_utilization=0.55
+    )
     assert cmd[:2] == ["vllm", "serve"]
     expected = {
-        "--model": "/models/qwen", "--served-model-name": "base", "--host": "0.0.0.0", "--port": "8001", "--dtype": "bfloat16",
-        "--tensor-parallel-size": "2", "--data-parallel-size": "4", "--max-model-len": "4096",
-        "--max-lora-rank": "16", "--max-loras": "2", "--gpu-memory-utilization": "0.55",
+        "--model": "/models/qwen",
+        "--served-model-name": "base",
+        "--host": "0.0.0.0",
+        "--port": "8001",
+        "--dtype": "bfloat16",
+        "--tensor-parallel-size": "2",
+        "--data-parallel-size": "4",
+        "--max-model-len": "4096",
+        "--max-lora-rank": "16",
+        "--max-loras": "2",
+        "--gpu-memory-utilization": "0.55",
     }
     assert {k: flag(cmd, k) for k in expected} == expected
     assert "--enable-lora" in cmd and "--enforce-eager" in cmd and "--worker-extension-cls" not in cmd
@@ -39,9 +55,22 @@ def test_defaults_follow_the_recipe_and_explicit_values_win():
     assert flag(cmd, "--dtype") == "float32"
     explicit = VLLMServe(gpu_memory_utilization=0.3, dtype="bfloat16", max_lora_rank=64)
     cmd = serve_command(explicit, "m", "base", "127.0.0.1", 8000, "float32", lora_rank=16, gpu_memory_utilization=0.8)
-    assert (flag(cmd, "--gpu-memory-utilization"), flag(cmd, "--dtype"), flag(cmd, "--max-lora-rank")) == ("0.3", "bfloat16", "64")
+    assert (flag(cmd, "--gpu-memory-utilization"), flag(cmd, "--dtype"), flag(cmd, "--max-lora-rank")) == (
+        "0.3",
+        "bfloat16",
+        "64",
+    )
     assert "--enable-lora" not in serve_command(VLLMServe(enable_lora=False), "m", "b", "h", 1, "float32", lora_rank=8)
-    cmd = serve_command(VLLMServe(), "m", "b", "h", 1, "float32", None, worker_extension="grpokit.inference.vllm_worker.NCCLWeightReceiver")
+    cmd = serve_command(
+        VLLMServe(),
+        "m",
+        "b",
+        "h",
+        1,
+        "float32",
+        None,
+        worker_extension="grpokit.inference.vllm_worker.NCCLWeightReceiver",
+    )
     assert flag(cmd, "--worker-extension-cls") == "grpokit.inference.vllm_worker.NCCLWeightReceiver"
 
 
@@ -84,11 +113,25 @@ def test_recipe_keys_parse_into_the_engines_serve(tmp_path, tiny_model):
     from grpokit.cli import make_cli
 
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "p", "--inference", "VLLMEngine", "--inference.init_args.serve.tensor_parallel_size", "2",
-        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]', "--inference.init_args.serve.colocate", "true", command="fit",
+        tmp_path,
+        tiny_model,
+        "p",
+        "--inference",
+        "VLLMEngine",
+        "--inference.init_args.serve.tensor_parallel_size",
+        "2",
+        "--inference.init_args.serve.extra_args",
+        '["--max-num-seqs", "8"]',
+        "--inference.init_args.serve.colocate",
+        "true",
+        command="fit",
     )[1:]
     engine = make_cli(argv, run=False, role="infer").config_init["inference"]
-    assert (engine.serve.tensor_parallel_size, engine.serve.extra_args, engine.serve.colocate) == (2, ["--max-num-seqs", "8"], True)
+    assert (engine.serve.tensor_parallel_size, engine.serve.extra_args, engine.serve.colocate) == (
+        2,
+        ["--max-num-seqs", "8"],
+        True,
+    )
 
 
 STAND_IN = """
@@ -110,7 +153,13 @@ def test_server_process_starts_serves_and_stops_with_its_workers(tmp_path, mode)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = VLLMServer([sys.executable, "-c", STAND_IN, str(port), mode], {}, f"http://127.0.0.1:{port}/v1", "stand-in", tmp_path / "log")
+    server = VLLMServer(
+        [sys.executable, "-c", STAND_IN, str(port), mode],
+        {},
+        f"http://127.0.0.1:{port}/v1",
+        "stand-in",
+        tmp_path / "log",
+    )
     server.start()
     assert server.wait_ready(timeout=30) >= 0
     assert server.serves()
@@ -122,13 +171,25 @@ def test_server_process_starts_serves_and_stops_with_its_workers(tmp_path, mode)
 
 
 def test_a_server_that_dies_while_starting_reports_its_log(tmp_path):
-    server = VLLMServer([sys.executable, "-c", "print('bad flag --foo'); raise SystemExit(2)"], {}, "http://127.0.0.1:9/v1", "x", tmp_path / "log")
+    server = VLLMServer(
+        [sys.executable, "-c", "print('bad flag --foo'); raise SystemExit(2)"],
+        {},
+        "http://127.0.0.1:9/v1",
+        "x",
+        tmp_path / "log",
+    )
     server.start()
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 2 while starting.*bad flag --foo"):
         server.wait_ready(timeout=30)
 
 
 def test_a_missing_vllm_program_names_serve_command(tmp_path):
-    server = VLLMServer(["no-such-vllm-program", "serve"], {"PATH": os.defpath}, "http://127.0.0.1:9/v1", "x", tmp_path / "log")
-    with pytest.raises(FileNotFoundError, match=r"cannot start vLLM: 'no-such-vllm-program' \(No such file or directory\)\. Install vLLM .* set inference.init_args.serve.command"):
+    server = VLLMServer(
+        ["no-such-vllm-program", "serve"], {"PATH": os.defpath}, "http://127.0.0.1:9/v1", "x", tmp_path / "log"
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"cannot start vLLM: 'no-such-vllm-program' \(No such file or "
+        r"directory\)\. Install vLLM .* set inference.init_args.serve.command",
+    ):
         server.start()

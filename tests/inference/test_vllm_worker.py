@@ -27,7 +27,10 @@ def free_port() -> int:
 
 def adapter(step: int) -> WeightUpdate:
     g = torch.Generator().manual_seed(step)
-    tensors = {"base_model.model.q_proj.lora_A.weight": torch.randn(2, 8, generator=g), "base_model.model.q_proj.lora_B.weight": torch.randn(8, 2, generator=g)}
+    tensors = {
+        "base_model.model.q_proj.lora_A.weight": torch.randn(2, 8, generator=g),
+        "base_model.model.q_proj.lora_B.weight": torch.randn(8, 2, generator=g),
+    }
     return WeightUpdate(step=step, tensors=tensors, lora_config=CONFIG)
 
 

@@ -26,22 +26,59 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def three_roles(tmp_path: Path, tiny_model: str, http_port: int, steps: int, extra: list[str], train_extra: list[str] = ()):
+def three_roles(
+    tmp_path: Path, tiny_model: str, http_port: int, steps: int, extra: list[str], train_extra: list[str] = ()
+):
     """Start train, orchestrate and infer (in that order: each waits for the others) and yield them by role;
     whatever still runs on leaving is killed."""
     common = [
-        "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "mp", "--model.model", tiny_model,
-        "--model.lora.rank", "4", "--data.batch_size", "8", "--data.rollouts_per_example", "4",
-        "--data.sampling.max_tokens", "8", "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null",
-        "--data.timeout", "120", "--trainer.max_steps", str(steps), "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--server.port", str(http_port),
-        "--inference", "RemoteEngine", "--inference.init_args.base_url", f"http://127.0.0.1:{http_port}/v1", *extra,
+        "--config",
+        RECIPE,
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "mp",
+        "--model.model",
+        tiny_model,
+        "--model.lora.rank",
+        "4",
+        "--data.batch_size",
+        "8",
+        "--data.rollouts_per_example",
+        "4",
+        "--data.sampling.max_tokens",
+        "8",
+        "--data.seq_len",
+        "128",
+        "--data.filters",
+        "[]",
+        "--data.eval",
+        "null",
+        "--data.timeout",
+        "120",
+        "--trainer.max_steps",
+        str(steps),
+        "--ckpt.interval",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--server.port",
+        str(http_port),
+        "--inference",
+        "RemoteEngine",
+        "--inference.init_args.base_url",
+        f"http://127.0.0.1:{http_port}/v1",
+        *extra,
     ]
     log = {role: open(tmp_path / f"{role}.log", "w") for role in ("infer", "orchestrate", "train")}
     argv = {role: [sys.executable, "-m", "grpokit.cli", role, *common] for role in log}
     argv["train"] += train_extra
-    procs = {role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT) for role in ("train", "orchestrate", "infer")}
+    procs = {
+        role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT)
+        for role in ("train", "orchestrate", "infer")
+    }
     try:
         yield procs
     finally:
@@ -74,7 +111,11 @@ def wait_ok(procs: dict, tmp_path: Path) -> None:
 @pytest.mark.parametrize("transport", ["filesystem", "zmq"])
 def test_three_processes_train_together(tmp_path, tiny_model, transport):
     http_port = free_port()
-    extra = ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())] if transport == "zmq" else []
+    extra = (
+        ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())]
+        if transport == "zmq"
+        else []
+    )
     with three_roles(tmp_path, tiny_model, http_port, STEPS, extra) as procs:
         wait_ok(procs, tmp_path)
         stop(procs, tmp_path)
@@ -85,7 +126,16 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
 
 
 BROADCASTS = {
-    "nccl": lambda: ["--broadcast", "NCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(free_port()), "--broadcast.init_args.timeout", "120"],
+    "nccl": lambda: [
+        "--broadcast",
+        "NCCLBroadcast",
+        "--broadcast.init_args.backend",
+        "gloo",
+        "--broadcast.init_args.port",
+        str(free_port()),
+        "--broadcast.init_args.timeout",
+        "120",
+    ],
     "ipc": lambda: ["--broadcast", "IPCBroadcast"],
 }
 

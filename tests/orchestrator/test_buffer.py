@@ -5,9 +5,8 @@ import csv
 import pytest
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.buffer import BufferSettings
-
+from grpokit.testing import tiny_fit_argv
 
 
 def test_online_difficulty_filtering_drops_all_zero_and_all_one_groups():
@@ -30,8 +29,21 @@ def test_negative_resample_times_is_rejected():
 
 def run(tmp_path, tiny_model, name, temperature):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, name, "--data.sampling.max_tokens", "6", "--data.sampling.temperature", str(temperature),
-        "--data.buffer.dynamic_sampling", "true", "--data.buffer.max_resample_times", "2", "--trainer.max_steps", "2", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        name,
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.sampling.temperature",
+        str(temperature),
+        "--data.buffer.dynamic_sampling",
+        "true",
+        "--data.buffer.max_resample_times",
+        "2",
+        "--trainer.max_steps",
+        "2",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]

@@ -4,9 +4,8 @@ import csv
 import json
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.evaluation import EvalSettings
-
+from grpokit.testing import tiny_fit_argv
 
 
 def test_schedule():
@@ -18,8 +17,21 @@ def test_schedule():
 
 def test_eval_end_to_end(tmp_path, tiny_model):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.sampling.max_tokens", "6", "--data.max_async_level", "0",
-        "--data.eval.interval", "2", "--data.eval.num_examples", "3", "--trainer.max_steps", "4", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.max_async_level",
+        "0",
+        "--data.eval.interval",
+        "2",
+        "--data.eval.num_examples",
+        "3",
+        "--trainer.max_steps",
+        "4",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     evals = [json.loads(line) for line in open(tmp_path / "r" / "eval.jsonl")]

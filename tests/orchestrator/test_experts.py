@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from grpokit.env import Environment, EnvSpec
+from grpokit.loss import check_experts
 from grpokit.models import load_tokenizer
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import pack
-from grpokit.loss import check_experts
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.chord import Chord
 from grpokit.transport.codec import decode_batch, encode_batch
@@ -15,9 +15,21 @@ from grpokit.types import Rollout, TrainingBatch
 
 
 def sampled(env, example, group_id, prompt_ids, n=3, policy_step=4):
-    return [Rollout(example_id=example.index, env_id=env.name, group_id=group_id, prompt_ids=prompt_ids, completion_ids=[900 + i, 901],
-                    completion_logprobs=[-1.0, -2.0], completion_mask=[1, 1], reward=0.5 * i, is_truncated=False, policy_step=policy_step - i)
-            for i in range(n)]
+    return [
+        Rollout(
+            example_id=example.index,
+            env_id=env.name,
+            group_id=group_id,
+            prompt_ids=prompt_ids,
+            completion_ids=[900 + i, 901],
+            completion_logprobs=[-1.0, -2.0],
+            completion_mask=[1, 1],
+            reward=0.5 * i,
+            is_truncated=False,
+            policy_step=policy_step - i,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +47,12 @@ def test_one_expert_per_group_holds_the_reference_answer(setup):
         assert expert.is_expert and expert.completion_text == answer
         assert expert.completion_ids == tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         assert tokenizer.decode(expert.completion_ids, skip_special_tokens=True) == answer
-        assert (expert.prompt_ids, expert.group_id, expert.example_id, expert.policy_step) == (group[0].prompt_ids, group[0].group_id, group[0].example_id, 2)
+        assert (expert.prompt_ids, expert.group_id, expert.example_id, expert.policy_step) == (
+            group[0].prompt_ids,
+            group[0].group_id,
+            group[0].example_id,
+            2,
+        )
     templated = expert_rollouts(groups[:1], [env], tokenizer, ExpertSettings(template="<answer>{answer}</answer>"))
     assert templated[0].completion_text == f"<answer>{env.examples[3].task.data.answer}</answer>"
 
@@ -65,11 +82,21 @@ def test_trainer_refuses_experts_the_loss_ignores_and_a_chord_batch_without_them
     env, groups, tokenizer = setup
     rollouts = [r for g in groups for r in g]
     experts = expert_rollouts(groups, [env], tokenizer, ExpertSettings())
-    with_experts = TrainingBatch(step=0, micro_batches=pack(rollouts + experts, [[1.0] * 2] * len(rollouts) + [[0.0] * len(e.completion_ids) for e in experts], [True] * 8, 256))
+    with_experts = TrainingBatch(
+        step=0,
+        micro_batches=pack(
+            rollouts + experts,
+            [[1.0] * 2] * len(rollouts) + [[0.0] * len(e.completion_ids) for e in experts],
+            [True] * 8,
+            256,
+        ),
+    )
     without = TrainingBatch(step=0, micro_batches=pack(rollouts, [[1.0] * 2] * len(rollouts), [True] * 6, 256))
     with pytest.raises(ValueError, match="model.loss AIPO does not train on them: use Chord, or remove data.expert"):
         check_experts(AIPO(), with_experts)
-    with pytest.raises(ValueError, match="model.loss Chord trains on expert completions, and the batch has none: set data.expert"):
+    with pytest.raises(
+        ValueError, match="model.loss Chord trains on expert completions, and the batch has none: set data.expert"
+    ):
         check_experts(Chord(), without)
     check_experts(Chord(), with_experts)
     check_experts(AIPO(), without)

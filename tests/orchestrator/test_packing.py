@@ -9,9 +9,16 @@ from grpokit.types import Rollout
 
 def rollout(prompt_len, completion_len, reward=0.0):
     return Rollout(
-        example_id=0, env_id="e", group_id=0, prompt_ids=list(range(1, prompt_len + 1)),
-        completion_ids=list(range(100, 100 + completion_len)), completion_logprobs=[-0.5] * completion_len,
-        completion_mask=[1] * completion_len, reward=reward, is_truncated=False, policy_step=0,
+        example_id=0,
+        env_id="e",
+        group_id=0,
+        prompt_ids=list(range(1, prompt_len + 1)),
+        completion_ids=list(range(100, 100 + completion_len)),
+        completion_logprobs=[-0.5] * completion_len,
+        completion_mask=[1] * completion_len,
+        reward=reward,
+        is_truncated=False,
+        policy_step=0,
     )
 
 
@@ -40,20 +47,47 @@ def test_first_fit_decreasing_tree_counts_only_the_tokens_after_a_shared_prefix(
     seqs = [shared + [1, 2], shared + [1, 3], shared + [4], [9, 9, 9]]  # a tree of 4 + 2 + 1 + 1 nodes, then 3
     assert first_fit_decreasing_tree(seqs, 8) == [[0, 1, 2], [3]]  # 8 nodes; the 9s share nothing: a new bin
     assert first_fit_decreasing_tree(seqs, 11) == [[0, 1, 2, 3]]
-    assert first_fit_decreasing(list(map(len, seqs)), 11) == [[0, 2], [1, 3]]  # counted as tokens (6 + 6 + 5 + 3): two bins
+    assert first_fit_decreasing(list(map(len, seqs)), 11) == [
+        [0, 2],
+        [1, 3],
+    ]  # counted as tokens (6 + 6 + 5 + 3): two bins
     with pytest.raises(ValueError, match="seq_len=5"):
         first_fit_decreasing_tree(seqs, 5)
 
 
 def test_pack_by_prefix_tree_keeps_every_rollout_once_within_seq_len_nodes():
     system = list(range(1, 31))  # GRPO-shaped: 4 prompts x 8 completions behind one 30-token system prompt
-    group = [Rollout(example_id=p, env_id="e", group_id=p, prompt_ids=system + [200 + p] * 6, completion_ids=[300 + c] * (c % 5 + 1),
-                     completion_logprobs=[-0.5] * (c % 5 + 1), completion_mask=[1] * (c % 5 + 1), reward=0.0, is_truncated=False, policy_step=0)
-             for p in range(4) for c in range(8)]
+    group = [
+        Rollout(
+            example_id=p,
+            env_id="e",
+            group_id=p,
+            prompt_ids=system + [200 + p] * 6,
+            completion_ids=[300 + c] * (c % 5 + 1),
+            completion_logprobs=[-0.5] * (c % 5 + 1),
+            completion_mask=[1] * (c % 5 + 1),
+            reward=0.0,
+            is_truncated=False,
+            policy_step=0,
+        )
+        for p in range(4)
+        for c in range(8)
+    ]
     advantages = [[1.0] * len(r.completion_ids) for r in group]
     by_tokens = pack(group, advantages, [True] * 32, seq_len=200)
     by_tree = pack(group, advantages, [True] * 32, seq_len=200, prefix_tree=True)
     assert len(by_tokens) == 7 and len(by_tree) == 1  # 1,236 tokens; 30 + 4 x 6 + 4 x 21 nodes
-    assert [num_positions(mb, True) for mb in by_tree] == [138] and num_positions(by_tree[0], False) == by_tree[0].num_tokens == 1236
-    same = lambda mbs: sorted(tuple(mb.input_ids_T[s:e].tolist()) for mb in mbs for s, e in zip((torch.cumsum(mb.seq_lens_N, 0) - mb.seq_lens_N).tolist(), torch.cumsum(mb.seq_lens_N, 0).tolist()))  # noqa: E731
+    assert [num_positions(mb, True) for mb in by_tree] == [138] and num_positions(by_tree[0], False) == by_tree[
+        0
+    ].num_tokens == 1236
+
+    def same(mbs):
+        return sorted(
+            tuple(mb.input_ids_T[s:e].tolist())
+            for mb in mbs
+            for s, e in zip(
+                (torch.cumsum(mb.seq_lens_N, 0) - mb.seq_lens_N).tolist(), torch.cumsum(mb.seq_lens_N, 0).tolist()
+            )
+        )
+
     assert same(by_tree) == same(by_tokens)  # the same sequences, each once

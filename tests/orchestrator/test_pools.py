@@ -16,15 +16,24 @@ def env():
     return Environment(EnvSpec(id="reverse-text", args={"num_tasks": 6}))
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"easy_threshold": 0.5, "hard_threshold": 0.5}, r"easy_threshold \(0.5\) must be > data.buffer.hard_threshold \(0.5\)"),
-    ({"easy_threshold": 0.9, "easy_fraction": 1.5}, r"easy_fraction must be in \[0, 1\]"),
-    ({"hard_fraction": 0.5}, "hard_fraction is set but data.buffer.hard_threshold is not"),
-    ({"hash_keys": []}, "hash_keys must name at least one example field"),
-    ({"skip_verification": True, "online_difficulty_filtering": True}, "skip_verification leaves every reward 0, so data.buffer.online_difficulty_filtering"),
-    ({"skip_verification": True, "dynamic_sampling": True}, "data.buffer.dynamic_sampling cannot work"),
-    ({"skip_verification": True, "hard_threshold": 0.0}, "data.buffer.hard_threshold cannot work"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"easy_threshold": 0.5, "hard_threshold": 0.5},
+            r"easy_threshold \(0.5\) must be > data.buffer.hard_threshold \(0.5\)",
+        ),
+        ({"easy_threshold": 0.9, "easy_fraction": 1.5}, r"easy_fraction must be in \[0, 1\]"),
+        ({"hard_fraction": 0.5}, "hard_fraction is set but data.buffer.hard_threshold is not"),
+        ({"hash_keys": []}, "hash_keys must name at least one example field"),
+        (
+            {"skip_verification": True, "online_difficulty_filtering": True},
+            "skip_verification leaves every reward 0, so data.buffer.online_difficulty_filtering",
+        ),
+        ({"skip_verification": True, "dynamic_sampling": True}, "data.buffer.dynamic_sampling cannot work"),
+        ({"skip_verification": True, "hard_threshold": 0.0}, "data.buffer.hard_threshold cannot work"),
+    ],
+)
 def test_invalid_buffer_settings_name_the_keys(settings, message):
     with pytest.raises(ValueError, match=message):
         BufferSettings(**settings)
@@ -39,11 +48,18 @@ def test_pool_of_checks_easy_first_and_both_bounds_inclusive():
 def test_pools_move_once_and_only_count_from_the_next_generation(tmp_path):
     pools = DifficultyPools(BufferSettings(easy_threshold=0.9, hard_threshold=0.1), tmp_path / "buffer.jsonl", seed=0)
     pools.resume(0)
-    assert pools.observe(0, "a", 1.0) == "easy" and pools.observe(0, "b", 0.0) == "hard" and pools.observe(0, "c", 0.5) == "normal"
+    assert (
+        pools.observe(0, "a", 1.0) == "easy"
+        and pools.observe(0, "b", 0.0) == "hard"
+        and pools.observe(0, "c", 0.5) == "normal"
+    )
     assert pools.observe(1, "a", 0.0) == "hard"  # classified, but an example already in a pool stays where it is
     assert pools.excluded(0) == set() and pools.excluded(1) == {"a", "b"}
     assert pools.sizes() == {"pool/easy": 1.0, "pool/hard": 1.0}
-    assert read_log(tmp_path / "buffer.jsonl") == [{"generation": 0, "key": "a", "pool": "easy"}, {"generation": 0, "key": "b", "pool": "hard"}]
+    assert read_log(tmp_path / "buffer.jsonl") == [
+        {"generation": 0, "key": "a", "pool": "easy"},
+        {"generation": 0, "key": "b", "pool": "hard"},
+    ]
 
 
 def write_log(path, events, tail=""):
@@ -56,13 +72,18 @@ def test_resume_keeps_earlier_generations_and_drops_a_torn_line(tmp_path):
     pools = DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0)
     assert pools.resume(3) == {"easy": 0, "hard": 0}
     assert pools.excluded(3) == {"k0", "k1", "k2"} and [e["key"] for e in read_log(path)] == ["k0", "k1", "k2"]
-    assert DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0).resume(3, restore=False) == {"easy": 0, "hard": 0}  # skip_buffer
+    assert DifficultyPools(BufferSettings(hard_threshold=0.0), path, seed=0).resume(3, restore=False) == {
+        "easy": 0,
+        "hard": 0,
+    }  # skip_buffer
     assert read_log(path) == []
 
 
 def test_resume_returns_the_configured_fraction_of_each_pool(tmp_path):
     path = tmp_path / "buffer.jsonl"
-    events = [{"generation": 0, "key": f"e{i}", "pool": "easy"} for i in range(10)] + [{"generation": 1, "key": f"h{i}", "pool": "hard"} for i in range(4)]
+    events = [{"generation": 0, "key": f"e{i}", "pool": "easy"} for i in range(10)] + [
+        {"generation": 1, "key": f"h{i}", "pool": "hard"} for i in range(4)
+    ]
     settings = BufferSettings(easy_threshold=0.9, hard_threshold=0.1, easy_fraction=0.3, hard_fraction=1.0)
     write_log(path, events)
     pools = DifficultyPools(settings, path, seed=7)
@@ -133,7 +154,9 @@ def test_hash_keys_dedup_equal_examples_and_name_missing_fields(env):
     assert [ex.index for _, ex in sampler.take(3, 2)] == [0, 0]  # one example left: every epoch is that one
     by_answer = hash_key(["answer"])
     assert len({by_answer(env, ex) for ex in env.examples}) == len({ex.task.data.answer for ex in env.examples})
-    with pytest.raises(ValueError, match=r"hash_keys names \['nope'\], which example 0 of environment 'reverse-text' lacks"):
+    with pytest.raises(
+        ValueError, match=r"hash_keys names \['nope'\], which example 0 of environment 'reverse-text' lacks"
+    ):
         hash_key(["nope"])(env, env.examples[0])
     assert index_key(env, env.examples[4]) == "reverse-text/4"
 
@@ -141,7 +164,10 @@ def test_hash_keys_dedup_equal_examples_and_name_missing_fields(env):
 def test_an_exhausted_pool_is_an_error_naming_the_fix(env, tmp_path):
     pools = DifficultyPools(BufferSettings(hard_threshold=1.0), tmp_path / "buffer.jsonl", seed=0)
     pools.resume(0)
-    with pytest.raises(ValueError, match="every example of all environments is in the easy or hard pool: lower data.buffer.easy_threshold"):
+    with pytest.raises(
+        ValueError,
+        match="every example of all environments is in the easy or hard pool: lower data.buffer.easy_threshold",
+    ):
         walk(PromptSampler([env], seed=0, excluded=pools.excluded), pools, {i: 0.0 for i in range(6)}, range(4))
 
 
@@ -158,14 +184,27 @@ def fit(tmp_path, tiny_model, name, *overrides):
     from grpokit.cli import main
     from grpokit.testing import tiny_fit_argv
 
-    argv = tiny_fit_argv(tmp_path, tiny_model, name, "--data.eval", "null", "--data.num_logged_samples", "100", "--ckpt.interval", "0", *overrides)
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        name,
+        "--data.eval",
+        "null",
+        "--data.num_logged_samples",
+        "100",
+        "--ckpt.interval",
+        "0",
+        *overrides,
+    )
     assert main(argv) == 0
     rows = [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
     return rows, [json.loads(line) for line in open(tmp_path / name / "samples.jsonl")]
 
 
 def test_skip_verification_end_to_end(tmp_path, tiny_model):
-    rows, samples = fit(tmp_path, tiny_model, "unscored", "--data.buffer.skip_verification", "true", "--trainer.max_steps", "1")
+    rows, samples = fit(
+        tmp_path, tiny_model, "unscored", "--data.buffer.skip_verification", "true", "--trainer.max_steps", "1"
+    )
     assert [float(r["reward"]) for r in rows] == [0.0] and all(s["reward"] == 0.0 for s in samples)
     assert all(float(r["grad_norm"]) == 0.0 for r in rows)  # zero rewards: zero advantages
 
@@ -174,7 +213,17 @@ def test_hard_pool_end_to_end(tmp_path, tiny_model):
     # the tiny model never answers arithmetic (reward 0: hard) but always earns some reverse-text LCS credit;
     # 4 examples, 2 per step: epoch 0 is steps 0-1, after it (step 2) only the 2 reverse-text examples are sampled
     envs = '[{"id": "reverse-text", "args": {"num_tasks": 2}}, {"id": "arithmetic", "args": {"num_tasks": 2}}]'
-    rows, samples = fit(tmp_path, tiny_model, "pools", "--data.env", envs, "--data.buffer.hard_threshold", "0.0", "--trainer.max_steps", "3")
+    rows, samples = fit(
+        tmp_path,
+        tiny_model,
+        "pools",
+        "--data.env",
+        envs,
+        "--data.buffer.hard_threshold",
+        "0.0",
+        "--trainer.max_steps",
+        "3",
+    )
     moves = read_log(tmp_path / "pools" / "buffer.jsonl")
     assert sorted(m["key"] for m in moves) == ["arithmetic/0", "arithmetic/1"]
     assert all(m["pool"] == "hard" and m["generation"] < 2 for m in moves)

@@ -5,15 +5,17 @@ import json
 import pytest
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.env import Environment, EnvSpec
 from grpokit.orchestrator.prompts import PromptSampler
-
+from grpokit.testing import tiny_fit_argv
 
 
 @pytest.fixture(scope="module")
 def envs():
-    return [Environment(EnvSpec(id="reverse-text", args={"num_tasks": 20})), Environment(EnvSpec(id="arithmetic", args={"num_tasks": 20}))]
+    return [
+        Environment(EnvSpec(id="reverse-text", args={"num_tasks": 20})),
+        Environment(EnvSpec(id="arithmetic", args={"num_tasks": 20})),
+    ]
 
 
 def test_largest_remainder_counts(envs):
@@ -44,9 +46,25 @@ def test_bad_ratios_are_rejected(envs):
 
 def test_env_ratios_end_to_end(tmp_path, tiny_model):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.env", '[{"id": "reverse-text", "ratio": 3}, {"id": "arithmetic", "ratio": 1}]',
-        "--data.rollouts_per_example", "2", "--data.sampling.max_tokens", "6", "--data.seq_len", "256", "--data.eval", "null",
-        "--data.num_logged_samples", "100", "--trainer.max_steps", "2", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.env",
+        '[{"id": "reverse-text", "ratio": 3}, {"id": "arithmetic", "ratio": 1}]',
+        "--data.rollouts_per_example",
+        "2",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.seq_len",
+        "256",
+        "--data.eval",
+        "null",
+        "--data.num_logged_samples",
+        "100",
+        "--trainer.max_steps",
+        "2",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     samples = [json.loads(line) for line in open(tmp_path / "r" / "samples.jsonl")]

@@ -5,9 +5,8 @@ import csv
 import pytest
 
 from grpokit.cli import main
-from grpokit.testing import tiny_fit_argv
 from grpokit.orchestrator.schedules import TemperatureSchedule
-
+from grpokit.testing import tiny_fit_argv
 
 
 def test_linear_and_cosine_hand_values():
@@ -15,14 +14,26 @@ def test_linear_and_cosine_hand_values():
     assert [lin.at(s, 5) for s in range(5)] == pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5])
     cos = TemperatureSchedule("cosine", 1.0, 0.5)
     assert cos.at(0, 5) == 1.0 and cos.at(2, 5) == pytest.approx(0.75) and cos.at(4, 5) == pytest.approx(0.5)
-    assert cos.at(1, 5) == pytest.approx(1.0 - 0.5 * 0.5 * (1 - 2 ** -0.5))
+    assert cos.at(1, 5) == pytest.approx(1.0 - 0.5 * 0.5 * (1 - 2**-0.5))
 
 
 def test_scheduled_temperature_reaches_batches(tmp_path, tiny_model):
     argv = tiny_fit_argv(
-        tmp_path, tiny_model, "r", "--data.sampling.max_tokens", "6", "--data.sampling.temperature", "null",
-        "--data.temp_scheduler", '{"type": "linear", "start_temperature": 1.2, "end_temperature": 0.6}',
-        "--data.eval", "null", "--trainer.max_steps", "3", "--ckpt.interval", "0",
+        tmp_path,
+        tiny_model,
+        "r",
+        "--data.sampling.max_tokens",
+        "6",
+        "--data.sampling.temperature",
+        "null",
+        "--data.temp_scheduler",
+        '{"type": "linear", "start_temperature": 1.2, "end_temperature": 0.6}',
+        "--data.eval",
+        "null",
+        "--trainer.max_steps",
+        "3",
+        "--ckpt.interval",
+        "0",
     )
     assert main(argv) == 0
     rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]

@@ -31,7 +31,9 @@ def test_a_misspelt_recipe_key_fails_before_any_run_starts(tmp_path):
 
 def test_a_misspelt_component_on_an_axis_names_the_key_and_the_known_names(tmp_path):
     sweep = runner(tmp_path, {"axes": {"model.loss": ["AIPO", "GSPOO"]}})
-    with pytest.raises(SweepError, match=r"run 01-loss=GSPOO: model.loss: no loss is named 'GSPOO' .*did you mean GSPO\?"):
+    with pytest.raises(
+        SweepError, match=r"run 01-loss=GSPOO: model.loss: no loss is named 'GSPOO' .*did you mean GSPO\?"
+    ):
         sweep.prepare()
     assert not list(sweep.sweep_dir.glob("*/log.txt"))
 
@@ -45,7 +47,10 @@ def test_each_run_gets_its_overlay_and_resolved_config_and_the_fit_command(tmp_p
     resolved = yaml.safe_load((sweep.run_dir(run) / "resolved.yaml").read_text())
     assert resolved["model"]["lr"] == 3.0e-4 and resolved["run_name"] == run.id and resolved["data"]["batch_size"] == 32
     command, resumed_from = sweep.command(run)
-    assert command[-4:] == ["grpokit.cli", "fit", "--config", str(sweep.run_dir(run) / "resolved.yaml")] and resumed_from is None
+    assert (
+        command[-4:] == ["grpokit.cli", "fit", "--config", str(sweep.run_dir(run) / "resolved.yaml")]
+        and resumed_from is None
+    )
     (sweep.run_dir(run) / "checkpoints").mkdir()
     (sweep.run_dir(run) / "checkpoints" / "step_4.ckpt").write_bytes(b"")
     assert sweep.command(run) == ([*command, "--ckpt.resume_step", "-1"], 4)
@@ -53,13 +58,17 @@ def test_each_run_gets_its_overlay_and_resolved_config_and_the_fit_command(tmp_p
 
 def test_a_folder_holding_another_sweep_is_refused(tmp_path):
     runner(tmp_path, {"axes": {"model.lr": [1.0e-4]}}).prepare()
-    with pytest.raises(SweepError, match=r"holds a different sweep \(runs were \['00-lr=0.0001'\], now \['00-lr=0.0002'\]\)"):
+    with pytest.raises(
+        SweepError, match=r"holds a different sweep \(runs were \['00-lr=0.0001'\], now \['00-lr=0.0002'\]\)"
+    ):
         runner(tmp_path, {"axes": {"model.lr": [2.0e-4]}}).prepare()
 
 
 def test_local_launcher_appends_output_and_reports_the_exit_code(tmp_path):
     launcher, log = LocalLauncher(), tmp_path / "log.txt"
-    handles = [launcher.start([sys.executable, "-c", f"print('attempt {i}'); raise SystemExit({i})"], log) for i in (0, 3)]
+    handles = [
+        launcher.start([sys.executable, "-c", f"print('attempt {i}'); raise SystemExit({i})"], log) for i in (0, 3)
+    ]
     while any(launcher.poll(h) is None for h in handles):
         time.sleep(0.05)
     assert [launcher.poll(h) for h in handles] == [0, 3] and launcher.job_id(handles[0]) == str(handles[0].pid)

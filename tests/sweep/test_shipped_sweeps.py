@@ -15,7 +15,9 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 @pytest.mark.parametrize("sweep", sorted((RECIPES / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_resolves_every_run(sweep, tmp_path):
     spec = load_sweep(sweep)
-    runner = SweepRunner(spec, ["--config", str(RECIPES / "reverse_text.yaml")], tmp_path / spec.name, LocalLauncher(), 1)
+    runner = SweepRunner(
+        spec, ["--config", str(RECIPES / "reverse_text.yaml")], tmp_path / spec.name, LocalLauncher(), 1
+    )
     runner.prepare()
     resolved = [yaml.safe_load((runner.run_dir(run) / "resolved.yaml").read_text()) for run in spec.runs]
     assert len({yaml.safe_dump(r) for r in resolved}) == len(spec.runs)  # no two runs are the same
@@ -23,11 +25,15 @@ def test_shipped_sweep_resolves_every_run(sweep, tmp_path):
 
 def test_the_loss_sweep_is_three_losses_by_two_seeds(tmp_path):
     spec = load_sweep(RECIPES / "sweeps" / "reverse_text_losses.yaml")
-    runner = SweepRunner(spec, ["--config", str(RECIPES / "reverse_text.yaml")], tmp_path / spec.name, LocalLauncher(), 1)
+    runner = SweepRunner(
+        spec, ["--config", str(RECIPES / "reverse_text.yaml")], tmp_path / spec.name, LocalLauncher(), 1
+    )
     runner.prepare()
     resolved = [yaml.safe_load((runner.run_dir(run) / "resolved.yaml").read_text()) for run in spec.runs]
     losses = sorted({r["model"]["loss"]["class_path"].rsplit(".", 1)[-1] for r in resolved})
     assert losses == ["AIPO", "ClippedPG", "GSPO"]
-    assert sorted((r["seed_everything"], r["data"]["sampling"]["seed"]) for r in resolved) == [(0, 0)] * 3 + [(1, 1)] * 3
+    assert (
+        sorted((r["seed_everything"], r["data"]["sampling"]["seed"]) for r in resolved) == [(0, 0)] * 3 + [(1, 1)] * 3
+    )
     clipped = next(r for r in resolved if r["model"]["loss"]["class_path"].endswith("ClippedPG"))
     assert clipped["model"]["loss"]["init_args"]["eps_high"] == 0.28  # the overlay's clip-higher, not the class default

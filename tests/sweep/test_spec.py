@@ -13,41 +13,69 @@ def sweep_file(tmp_path, content: dict, name: str = "ablation.yaml"):
 
 
 def test_grid_is_every_combination_first_axis_slowest(tmp_path):
-    spec = load_sweep(sweep_file(tmp_path, {"axes": {"model.loss": ["AIPO", "grpokit.registry.losses.gspo.GSPO"], "seed_everything": [0, 1]}}))
-    assert spec.name == "ablation" and spec.max_parallel == 1 and spec.launcher == {"name": "local"} and spec.rollouts is None
+    spec = load_sweep(
+        sweep_file(
+            tmp_path, {"axes": {"model.loss": ["AIPO", "grpokit.registry.losses.gspo.GSPO"], "seed_everything": [0, 1]}}
+        )
+    )
+    assert (
+        spec.name == "ablation"
+        and spec.max_parallel == 1
+        and spec.launcher == {"name": "local"}
+        and spec.rollouts is None
+    )
     assert [r.overrides for r in spec.runs] == [
-        {"model.loss": "AIPO", "seed_everything": 0}, {"model.loss": "AIPO", "seed_everything": 1},
-        {"model.loss": "grpokit.registry.losses.gspo.GSPO", "seed_everything": 0}, {"model.loss": "grpokit.registry.losses.gspo.GSPO", "seed_everything": 1},
+        {"model.loss": "AIPO", "seed_everything": 0},
+        {"model.loss": "AIPO", "seed_everything": 1},
+        {"model.loss": "grpokit.registry.losses.gspo.GSPO", "seed_everything": 0},
+        {"model.loss": "grpokit.registry.losses.gspo.GSPO", "seed_everything": 1},
     ]
-    assert [r.id for r in spec.runs] == ["00-loss=AIPO-seed_everything=0", "01-loss=AIPO-seed_everything=1", "02-loss=GSPO-seed_everything=0", "03-loss=GSPO-seed_everything=1"]
+    assert [r.id for r in spec.runs] == [
+        "00-loss=AIPO-seed_everything=0",
+        "01-loss=AIPO-seed_everything=1",
+        "02-loss=GSPO-seed_everything=0",
+        "03-loss=GSPO-seed_everything=1",
+    ]
 
 
 def test_explicit_runs_are_crossed_with_the_grid_and_overlays_name_the_run(tmp_path):
-    spec = load_sweep(sweep_file(tmp_path, {
-        "name": "mixed", "max_parallel": 2, "launcher": {"name": "submitit", "timeout_min": 30},
-        "runs": [{"config": "recipes/ablations/gspo.yaml"}, {"model.lr": 1.0e-4, "data.seed": 3}],
-        "axes": {"data.sampling.seed": [0, 1]},
-    }))
+    spec = load_sweep(
+        sweep_file(
+            tmp_path,
+            {
+                "name": "mixed",
+                "max_parallel": 2,
+                "launcher": {"name": "submitit", "timeout_min": 30},
+                "runs": [{"config": "recipes/ablations/gspo.yaml"}, {"model.lr": 1.0e-4, "data.seed": 3}],
+                "axes": {"data.sampling.seed": [0, 1]},
+            },
+        )
+    )
     assert spec.name == "mixed" and spec.max_parallel == 2 and spec.launcher == {"name": "submitit", "timeout_min": 30}
     assert [(r.overlays, r.overrides) for r in spec.runs] == [
-        (("recipes/ablations/gspo.yaml",), {"data.sampling.seed": 0}), (("recipes/ablations/gspo.yaml",), {"data.sampling.seed": 1}),
-        ((), {"model.lr": 1.0e-4, "data.seed": 3, "data.sampling.seed": 0}), ((), {"model.lr": 1.0e-4, "data.seed": 3, "data.sampling.seed": 1}),
+        (("recipes/ablations/gspo.yaml",), {"data.sampling.seed": 0}),
+        (("recipes/ablations/gspo.yaml",), {"data.sampling.seed": 1}),
+        ((), {"model.lr": 1.0e-4, "data.seed": 3, "data.sampling.seed": 0}),
+        ((), {"model.lr": 1.0e-4, "data.seed": 3, "data.sampling.seed": 1}),
     ]
     # two keys end in "seed": both are named in full
     assert spec.runs[0].id == "00-gspo-seed=0"
     assert spec.runs[2].id == "02-lr=0.0001-data.seed=3-data.sampling.seed=0"
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"axes": {"model.lr": [1e-4]}, "model.lr": 1e-4}, "unknown sweep key"),
-    ({"axes": {"model.lr": []}}, "non-empty list"),
-    ({"axes": {"model.lr": 1e-4}}, "non-empty list"),
-    ({"runs": {"model.lr": 1e-4}}, "runs is a list"),
-    ({"name": "empty"}, "no runs"),
-    ({"axes": {"model.lr": [1e-4]}, "runs": [{"model.lr": 3e-4}]}, r"\['model.lr'\] are set both"),
-    ({"axes": {"model.lr": [1e-4]}, "max_parallel": 0}, "max_parallel must be an integer >= 1"),
-    ({"axes": {"model.lr": [1e-4]}, "launcher": {"timeout_min": 3}}, "launcher needs a name"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"axes": {"model.lr": [1e-4]}, "model.lr": 1e-4}, "unknown sweep key"),
+        ({"axes": {"model.lr": []}}, "non-empty list"),
+        ({"axes": {"model.lr": 1e-4}}, "non-empty list"),
+        ({"runs": {"model.lr": 1e-4}}, "runs is a list"),
+        ({"name": "empty"}, "no runs"),
+        ({"axes": {"model.lr": [1e-4]}, "runs": [{"model.lr": 3e-4}]}, r"\['model.lr'\] are set both"),
+        ({"axes": {"model.lr": [1e-4]}, "max_parallel": 0}, "max_parallel must be an integer >= 1"),
+        ({"axes": {"model.lr": [1e-4]}, "launcher": {"timeout_min": 3}}, "launcher needs a name"),
+    ],
+)
 def test_errors_name_the_sweep_key(tmp_path, content, message):
     with pytest.raises(SweepError, match=message):
         load_sweep(sweep_file(tmp_path, content))
@@ -59,7 +87,10 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_nest_builds_a_recipe_overlay():
-    assert nest({"model.loss": "GSPO", "model.lr": 0.1, "seed_everything": 2}) == {"model": {"loss": "GSPO", "lr": 0.1}, "seed_everything": 2}
+    assert nest({"model.loss": "GSPO", "model.lr": 0.1, "seed_everything": 2}) == {
+        "model": {"loss": "GSPO", "lr": 0.1},
+        "seed_everything": 2,
+    }
     with pytest.raises(SweepError, match="sets inside 'loss'"):
         nest({"model.loss": "GSPO", "model.loss.init_args.eps_low": 0.1})
 

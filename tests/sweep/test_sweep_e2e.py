@@ -19,12 +19,23 @@ STEPS = 2
 def tiny_overlay(tmp_path, tiny_model) -> Path:
     """The shipped recipe shrunk to the tiny model: 2 prompts x 4 rollouts, 2 steps, a checkpoint every step."""
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": {"model": tiny_model, "lora": {"rank": 4}},
-        "data": {"batch_size": 8, "rollouts_per_example": 4, "sampling": {"max_tokens": 8}, "seq_len": 128, "filters": [], "eval": None},
-        "trainer": {"max_steps": STEPS, "enable_progress_bar": False, "enable_model_summary": False},
-        "ckpt": {"interval": 1},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model": tiny_model, "lora": {"rank": 4}},
+                "data": {
+                    "batch_size": 8,
+                    "rollouts_per_example": 4,
+                    "sampling": {"max_tokens": 8},
+                    "seq_len": 128,
+                    "filters": [],
+                    "eval": None,
+                },
+                "trainer": {"max_steps": STEPS, "enable_progress_bar": False, "enable_model_summary": False},
+                "ckpt": {"interval": 1},
+            }
+        )
+    )
     return path
 
 
@@ -45,12 +56,27 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_mod
     sweep = tmp_path / "losses.yaml"
     sweep.write_text(yaml.safe_dump({"axes": {"model.loss": ["AIPO", "ClippedPG"], "seed_everything": [0, 1]}}))
     sweep_dir = tmp_path / "sweep"
-    args = ["sweep", "--config", str(REPO / "recipes" / "reverse_text.yaml"), "--config", str(tiny_overlay(tmp_path, tiny_model)), "--sweep", str(sweep), "--sweep_dir", str(sweep_dir)]
+    args = [
+        "sweep",
+        "--config",
+        str(REPO / "recipes" / "reverse_text.yaml"),
+        "--config",
+        str(tiny_overlay(tmp_path, tiny_model)),
+        "--sweep",
+        str(sweep),
+        "--sweep_dir",
+        str(sweep_dir),
+    ]
     first, second = "00-loss=AIPO-seed_everything=0", "01-loss=AIPO-seed_everything=1"
 
-    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 300
-    while not (states(sweep_dir).get(first, {}).get("state") == "done" and (sweep_dir / second / "checkpoints" / "step_1.ckpt").exists()):
+    while not (
+        states(sweep_dir).get(first, {}).get("state") == "done"
+        and (sweep_dir / second / "checkpoints" / "step_1.ckpt").exists()
+    ):
         assert proc.poll() is None, "the sweep ended before it could be killed"
         assert time.monotonic() < deadline, "no second-run checkpoint after 300 s"
         time.sleep(0.01)
@@ -83,5 +109,8 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_mod
         assert (sweep_dir / "plots" / f"{metric}.png").stat().st_size > 1000
         assert f"![{metric}](plots/{metric}.png)" in report
     assert "| model.loss=AIPO | 2 |" in report and "| model.loss=ClippedPG | 2 |" in report  # two seeds per variant
-    assert "| model.loss.class_path | `\"grpokit.registry.losses.aipo.AIPO\"` | `\"grpokit.registry.losses.clipped_pg.ClippedPG\"` |" in report
+    assert (
+        '| model.loss.class_path | `"grpokit.registry.losses.aipo.AIPO"` '
+        '| `"grpokit.registry.losses.clipped_pg.ClippedPG"` |' in report
+    )
     assert "Seeds (seed_everything) differ" in report

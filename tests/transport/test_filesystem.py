@@ -3,12 +3,10 @@
 import threading
 
 import pytest
-import torch
 
+from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError, decode_batch, encode_batch
 from grpokit.transport.filesystem import FilesystemTransport
-from grpokit.testing import assert_same_batch, make_training_batch
-
 
 make_batch, assert_same = make_training_batch, assert_same_batch
 

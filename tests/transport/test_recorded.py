@@ -1,4 +1,5 @@
-"""RecordedRollouts: exported batches come back identical, checksum-verified; tampering and missing steps fail clearly."""
+"""RecordedRollouts: exported batches come back identical, checksum-verified; tampering and missing steps
+fail clearly."""
 
 import json
 

@@ -7,13 +7,12 @@ import threading
 import time
 
 import pytest
-import torch
 import zmq
 from safetensors.torch import load, save
 
+from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import encode_batch
 from grpokit.transport.zmq import ZMQTransport
-from grpokit.testing import assert_same_batch, make_training_batch
 
 
 def free_port() -> int:
@@ -100,7 +99,13 @@ def test_a_sender_that_closes_right_after_its_last_send_still_delivers_it():
     queued batch to leave instead of dropping it, here for a trainer that binds only afterwards."""
     port = free_port()
     sender, received = ZMQTransport(port=port), []
-    receiver_thread = threading.Thread(target=lambda: (time.sleep(0.5), received.append(ZMQTransport(port=port)), received.append(received[0].receive(0, timeout=30))))
+    receiver_thread = threading.Thread(
+        target=lambda: (
+            time.sleep(0.5),
+            received.append(ZMQTransport(port=port)),
+            received.append(received[0].receive(0, timeout=30)),
+        )
+    )
     receiver_thread.start()
     sender.send(make_batch(0))
     start = time.monotonic()
@@ -148,7 +153,10 @@ def test_bad_messages_are_rejected_and_counted_then_a_valid_batch_arrives(pair, 
 
 def test_oversized_message_is_dropped_and_a_valid_batch_still_arrives(raw_push):
     port = free_port()
-    receiver, sender = ZMQTransport(port=port, max_message_bytes=64_000), ZMQTransport(port=port, max_message_bytes=64_000)
+    receiver, sender = (
+        ZMQTransport(port=port, max_message_bytes=64_000),
+        ZMQTransport(port=port, max_message_bytes=64_000),
+    )
     with pytest.raises(ValueError, match="over data.transport max_message_bytes"):
         sender.send(make_batch(0, tokens=20_000))  # ~500 kB: refused before it is sent
     raw_push(port).send(b"\0" * 100_000)  # libzmq drops it with its connection, before Python sees it

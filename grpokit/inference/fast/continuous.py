@@ -34,7 +34,9 @@ from grpokit.inference.logits_processors import apply_min_tokens, apply_repetiti
 class _SlotState:
     """Device tensors per slot: generated tokens/logprobs, counts, first stop index, busy flag."""
 
-    def __init__(self, runner: ModelRunner, sampling: SamplingSettings, stop_token_ids: set[int], sync_every: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, sampling: SamplingSettings, stop_token_ids: set[int], sync_every: int
+    ) -> None:
         n, dev = runner.num_slots, runner.device
         self.width = sampling.max_tokens + sync_every + 1  # the last column takes writes of idle rows
         self.tokens_BN = torch.zeros((n, self.width), dtype=torch.long, device=dev)
@@ -44,10 +46,12 @@ class _SlotState:
         self.busy_B = torch.zeros(n, dtype=torch.bool, device=dev)
         self.stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=dev)
         vocab = runner.logits_BV.shape[-1]
-        self.seen_BV = torch.zeros((n, vocab), dtype=torch.bool, device=dev) if sampling.repetition_penalty != 1.0 else None
+        self.seen_BV = (
+            torch.zeros((n, vocab), dtype=torch.bool, device=dev) if sampling.repetition_penalty != 1.0 else None
+        )
 
 
-def generate_continuous(
+def generate_continuous(  # noqa: C901 - one CUDA-only decode loop (slots, graphs, stops); untested here, left whole
     runner: ModelRunner,
     prompts: list[list[int]],
     sampling: SamplingSettings,
@@ -156,7 +160,10 @@ def generate_continuous(
         if not busy:
             continue
         # decode until the next look: sync_every steps, or until a slot reaches max_tokens or a full cache
-        room = min(min(sampling.max_tokens - slot_count[s] for s in busy), min(runner.max_len - 1 - (len(prompts[slot_request[s]]) + slot_count[s] - 1) for s in busy))
+        room = min(
+            min(sampling.max_tokens - slot_count[s] for s in busy),
+            min(runner.max_len - 1 - (len(prompts[slot_request[s]]) + slot_count[s] - 1) for s in busy),
+        )
         width = busy[-1] + 1
         for _ in range(max(0, min(sync_every, room))):
             max_position = max(len(prompts[slot_request[s]]) + slot_count[s] - 1 for s in busy)
@@ -166,7 +173,9 @@ def generate_continuous(
             rows_B = torch.arange(b, device=dev)
             token_B = sample_into(rows_B, logits_BV, live_B)
             runner.tokens_B[:b] = torch.where(live_B, token_B, runner.tokens_B[:b])
-            runner.positions_B[:b] = torch.where(live_B, (runner.positions_B[:b] + 1).clamp(max=runner.max_len - 1), runner.positions_B[:b])
+            runner.positions_B[:b] = torch.where(
+                live_B, (runner.positions_B[:b] + 1).clamp(max=runner.max_len - 1), runner.positions_B[:b]
+            )
             for s in busy:
                 slot_count[s] += 1
     return results  # type: ignore[return-value]

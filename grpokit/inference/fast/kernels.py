@@ -20,7 +20,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then the next norm: (h + delta, rms_norm(h + delta))."""
     h = h + delta
     return h, rms_norm(h, weight, eps)
@@ -56,7 +58,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def gumbel_pick(logits_BV: torch.Tensor, exp_noise_BV: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_pick(
+    logits_BV: torch.Tensor, exp_noise_BV: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gumbel-max draw from softmax(logits / T) given E ~ Exp(1) noise: (token_B, logprob_B).
 
     argmax(l / T - log E) is a sample of softmax(l / T); its logprob is l_tok / T - logsumexp(l / T).

@@ -51,9 +51,13 @@ def check_supported(causal_lm: torch.nn.Module) -> None:
             if not hasattr(layers[0], part):
                 problems.append(f"decoder layer has no {part}")
     if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        problems.append(f"model_type {getattr(config, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}")
+        problems.append(
+            f"model_type {getattr(config, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+        )
     layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
+    if any(t != "full_attention" for t in layer_types) or (
+        getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)
+    ):
         problems.append("sliding-window layers")
     if problems:
         raise ValueError(
@@ -75,7 +79,9 @@ def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
 class ModelRunner:
     """Prefill and decode for one model against a static KV cache of `num_slots` x `max_len` tokens."""
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, use_cuda_graphs: bool, compile: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, num_slots: int, max_len: int, use_cuda_graphs: bool, compile: bool = False
+    ) -> None:
         self.model = model
         lm = unwrap_peft(model)
         check_supported(lm)
@@ -101,7 +107,9 @@ class ModelRunner:
         layer = self.core.layers[0]
         self.norm_eps = getattr(layer.input_layernorm, "variance_epsilon", getattr(config, "rms_norm_eps", 1e-6))
         mlp = layer.mlp
-        self.gated_silu = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) and getattr(config, "hidden_act", "") in ("silu", "swish")
+        self.gated_silu = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) and getattr(
+            config, "hidden_act", ""
+        ) in ("silu", "swish")
         self.fused = [self._fuse_projections(layer) for layer in self.core.layers]
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
@@ -125,7 +133,13 @@ class ModelRunner:
         w = _fuse([m.weight for m in qkv])
         b = _fuse([m.bias for m in qkv]) if qkv[0].bias is not None else None
         gate_up = None
-        if self.gated_silu and type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear and mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
+        if (
+            self.gated_silu
+            and type(mlp.gate_proj) is torch.nn.Linear
+            and type(mlp.up_proj) is torch.nn.Linear
+            and mlp.gate_proj.bias is None
+            and mlp.up_proj.bias is None
+        ):
             gate_up = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
         return w, b, gate_up
 
@@ -177,7 +191,11 @@ class ModelRunner:
             self.k_cache[i, slots_N, :, :p] = k.transpose(1, 2)
             self.v_cache[i, slots_N, :, :p] = v.transpose(1, 2)
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.scaling,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                scale=self.scaling,
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
             h = h + attn.o_proj(out.transpose(1, 2).reshape(n, p, -1))
@@ -205,7 +223,9 @@ class ModelRunner:
             q, k = kn.qk_norm_rope(q, k, cos, sin, *self._qk_norm_weights(attn), eps)
             self.k_cache[i, rows_B, :, positions_B] = k
             self.v_cache[i, rows_B, :, positions_B] = v
-            out = kn.decode_attention(q, self.k_cache[i, :b, :, :s], self.v_cache[i, :b, :, :s], visible_BS, self.scaling)
+            out = kn.decode_attention(
+                q, self.k_cache[i, :b, :, :s], self.v_cache[i, :b, :, :s], visible_BS, self.scaling
+            )
             h, x = kn.add_rms_norm(h, attn.o_proj(out), layer.post_attention_layernorm.weight, eps)
             mlp = layer.mlp
             if fused is not None and fused[2] is not None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.inference.fast.kernels import gumbel_pick
 from grpokit.inference.sampler import sample_next
 
 
-def sample_tokens(logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, pick=None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, pick=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its logprob under softmax(logits / temperature): (token_B, logprob_B).
 
     `pick`: a compiled grpokit.inference.fast.kernels.gumbel_pick (fuses the passes over [B, V]).
@@ -24,7 +25,9 @@ def sample_tokens(logits_BV: torch.Tensor, temperature: float, top_p: float, gen
     if temperature == 0 or top_p < 1.0:
         return sample_next(logits_BV, temperature, top_p, generator)
     if pick is not None:
-        noise_BV = torch.empty(logits_BV.shape, dtype=torch.float32, device=logits_BV.device).exponential_(generator=generator)
+        noise_BV = torch.empty(logits_BV.shape, dtype=torch.float32, device=logits_BV.device).exponential_(
+            generator=generator
+        )
         return pick(logits_BV, noise_BV, temperature)
     scaled_BV = logits_BV.float()
     if scaled_BV.data_ptr() == logits_BV.data_ptr():

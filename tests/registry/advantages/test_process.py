@@ -17,9 +17,20 @@ R2 = math.sqrt(2)
 
 
 def rollout(num_tokens, step_rewards, step_ends, env_id="e"):
-    return Rollout(example_id=0, env_id=env_id, group_id=0, prompt_ids=[1], completion_ids=[7] * num_tokens,
-                   completion_logprobs=[-0.5] * num_tokens, completion_mask=[1] * num_tokens, reward=0.0,
-                   is_truncated=False, policy_step=0, step_rewards=step_rewards, step_ends=step_ends)
+    return Rollout(
+        example_id=0,
+        env_id=env_id,
+        group_id=0,
+        prompt_ids=[1],
+        completion_ids=[7] * num_tokens,
+        completion_logprobs=[-0.5] * num_tokens,
+        completion_mask=[1] * num_tokens,
+        reward=0.0,
+        is_truncated=False,
+        policy_step=0,
+        step_rewards=step_rewards,
+        step_ends=step_ends,
+    )
 
 
 def test_hand_computed_two_groups():
@@ -27,7 +38,10 @@ def test_hand_computed_two_groups():
     #   A (5 tokens): steps end at tokens 1 (r 1) and 3 (r 0); token 4 is after the last step.
     #   B (3 tokens): one step ending at token 2 (r 1).
     # group 1: R = {0, 1}: -1, +1. C reports no steps; D's steps end at tokens 0 (r 0) and 1 (r 1).
-    groups = [[rollout(5, [1.0, 0.0], [1, 3]), rollout(3, [1.0], [2])], [rollout(3, [], []), rollout(2, [0.0, 1.0], [0, 1])]]
+    groups = [
+        [rollout(5, [1.0, 0.0], [1, 3]), rollout(3, [1.0], [2])],
+        [rollout(3, [], []), rollout(2, [0.0, 1.0], [0, 1])],
+    ]
     a, b, c, d = Process(eps=0.0).token_advantages(groups)
     assert a == pytest.approx([1 / R2 - R2, 1 / R2 - R2, -R2, -R2, 0.0], abs=1e-12)
     assert b == pytest.approx([1 / R2] * 3, abs=1e-12)
@@ -41,7 +55,9 @@ def test_group_step_rewards_are_normalised_to_zero_mean_unit_std():
     first = [adv[0] for adv in Process(eps=0.0).token_advantages([group])]  # token 0 sums all of a rollout's steps
     all_R = torch.tensor([r for rs, _ in steps for r in rs], dtype=torch.float64)
     normalized = (all_R - all_R.mean()) / all_R.std(correction=0)
-    assert first == pytest.approx([normalized[:3].sum().item(), normalized[3].item(), normalized[4:].sum().item()], abs=1e-12)
+    assert first == pytest.approx(
+        [normalized[:3].sum().item(), normalized[3].item(), normalized[4:].sum().item()], abs=1e-12
+    )
     assert sum(first) == pytest.approx(0.0, abs=1e-12)  # one start token per rollout: the normalised rewards sum to 0
 
 
@@ -51,9 +67,24 @@ def test_equal_step_rewards_give_exactly_zero():
 
 
 def test_a_rollout_without_step_rewards_names_its_environment():
-    group = [rollout(2, [1.0], [1]), Rollout(example_id=3, env_id="countdown", group_id=0, prompt_ids=[1], completion_ids=[7],
-                                              completion_logprobs=[-0.5], completion_mask=[1], reward=1.0, is_truncated=False, policy_step=0)]
-    with pytest.raises(ValueError, match=r"environment 'countdown' reports none: give its task a step_rewards\(reply\)"):
+    group = [
+        rollout(2, [1.0], [1]),
+        Rollout(
+            example_id=3,
+            env_id="countdown",
+            group_id=0,
+            prompt_ids=[1],
+            completion_ids=[7],
+            completion_logprobs=[-0.5],
+            completion_mask=[1],
+            reward=1.0,
+            is_truncated=False,
+            policy_step=0,
+        ),
+    ]
+    with pytest.raises(
+        ValueError, match=r"environment 'countdown' reports none: give its task a step_rewards\(reply\)"
+    ):
         Process().token_advantages([group])
 
 

@@ -13,9 +13,18 @@ DEFAULT_THRESHOLD = -13.931215
 
 
 def rollout(ids, logprobs, mask=None):
-    return Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=[1], completion_ids=list(ids),
-                   completion_logprobs=list(logprobs), completion_mask=list(mask or [1] * len(ids)), reward=0.0,
-                   is_truncated=False, policy_step=0)
+    return Rollout(
+        example_id=0,
+        env_id="e",
+        group_id=0,
+        prompt_ids=[1],
+        completion_ids=list(ids),
+        completion_logprobs=list(logprobs),
+        completion_mask=list(mask or [1] * len(ids)),
+        reward=0.0,
+        is_truncated=False,
+        policy_step=0,
+    )
 
 
 def test_default_threshold_is_uniform_logprob_minus_offset():
@@ -34,7 +43,12 @@ def test_logprob_boundary_is_strict():
     g = Gibberish()
     at = g.logprob_threshold
     below = math.nextafter(at, -math.inf)
-    cases = [rollout([120_000], [at]), rollout([120_000], [below]), rollout([120_000], [-13.9]), rollout([120_000], [-14.0])]
+    cases = [
+        rollout([120_000], [at]),
+        rollout([120_000], [below]),
+        rollout([120_000], [-13.9]),
+        rollout([120_000], [-14.0]),
+    ]
     assert g.flag(cases) == [False, True, False, True]
 
 
@@ -55,7 +69,11 @@ def test_other_tokenizer_and_offset():
     # SmolLM2: 49_152 = 3 * 2^14: -log(49_152) - 0.5 = -(1.098612 + 9.704061) - 0.5 = -11.302673.
     g = Gibberish(token_id_threshold=36_864, vocab_size=49_152, logprob_offset=0.5)
     assert g.logprob_threshold == pytest.approx(-11.302673, abs=1e-6)
-    assert g.flag([rollout([36_865], [-11.31]), rollout([36_865], [-11.29]), rollout([36_864], [-30.0])]) == [True, False, False]
+    assert g.flag([rollout([36_865], [-11.31]), rollout([36_865], [-11.29]), rollout([36_864], [-30.0])]) == [
+        True,
+        False,
+        False,
+    ]
 
 
 def test_empty_completions_and_batch():

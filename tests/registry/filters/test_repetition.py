@@ -15,9 +15,18 @@ AT = math.log(0.99)  # exactly the default threshold: not above it
 
 def rollout(logprobs, mask=None):
     n = len(logprobs)
-    return Rollout(example_id=0, env_id="e", group_id=0, prompt_ids=[1], completion_ids=[7] * n,
-                   completion_logprobs=list(logprobs), completion_mask=list(mask or [1] * n), reward=0.0,
-                   is_truncated=False, policy_step=0)
+    return Rollout(
+        example_id=0,
+        env_id="e",
+        group_id=0,
+        prompt_ids=[1],
+        completion_ids=[7] * n,
+        completion_logprobs=list(logprobs),
+        completion_mask=list(mask or [1] * n),
+        reward=0.0,
+        is_truncated=False,
+        policy_step=0,
+    )
 
 
 def test_window_boundary():
@@ -40,7 +49,11 @@ def test_probability_boundary_is_strict():
 def test_custom_threshold():
     f = Repetition(window=2, prob_threshold=0.5)
     # log(0.6) = -0.5108 > log(0.5) = -0.6931 > log(0.4) = -0.9163
-    assert f.flag([rollout([math.log(0.6)] * 2), rollout([math.log(0.4)] * 2), rollout([math.log(0.6), LO])]) == [True, False, False]
+    assert f.flag([rollout([math.log(0.6)] * 2), rollout([math.log(0.4)] * 2), rollout([math.log(0.6), LO])]) == [
+        True,
+        False,
+        False,
+    ]
 
 
 def test_environment_tokens_neither_extend_nor_break_a_run():
@@ -52,7 +65,11 @@ def test_environment_tokens_neither_extend_nor_break_a_run():
 def test_default_window_is_3000():
     f = Repetition()
     assert (f.window, f.prob_threshold) == (3000, 0.99)
-    assert f.flag([rollout([HI] * 2999), rollout([HI] * 3000), rollout([HI] * 1500 + [LO] + [HI] * 1500)]) == [False, True, False]
+    assert f.flag([rollout([HI] * 2999), rollout([HI] * 3000), rollout([HI] * 1500 + [LO] + [HI] * 1500)]) == [
+        False,
+        True,
+        False,
+    ]
 
 
 def test_empty_completions_and_batch():

@@ -8,8 +8,18 @@ from grpokit.types import Rollout
 
 
 def rollout(group_id, reward, n=2):
-    return Rollout(example_id=group_id, env_id="e", group_id=group_id, prompt_ids=[1], completion_ids=[7] * n,
-                   completion_logprobs=[-0.1] * n, completion_mask=[1] * n, reward=reward, is_truncated=False, policy_step=0)
+    return Rollout(
+        example_id=group_id,
+        env_id="e",
+        group_id=group_id,
+        prompt_ids=[1],
+        completion_ids=[7] * n,
+        completion_logprobs=[-0.1] * n,
+        completion_mask=[1] * n,
+        reward=reward,
+        is_truncated=False,
+        policy_step=0,
+    )
 
 
 def test_flags_every_rollout_of_a_flat_group():

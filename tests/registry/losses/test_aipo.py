@@ -29,7 +29,9 @@ def test_hand_computed_loss_gradient_and_token_mask():
     x = inputs(
         trainer=[-1.0, -2.0, -0.5],
         infer=[-1.0, -2.0 - math.log(2), -0.5 - math.log(9)],
-        adv=[0.5, 0.5, -1.0], mask=[1, 1, 1], seq_ids=[0, 0, 1],
+        adv=[0.5, 0.5, -1.0],
+        mask=[1, 1, 1],
+        seq_ids=[0, 0, 1],
     )
     loss, metrics = AIPO(kl_tau=0.1)(x)
     coeff1 = 2 * (0.5 - 0.1 * math.log(2))
@@ -45,8 +47,11 @@ def test_hand_computed_loss_gradient_and_token_mask():
 def test_geometric_mask_drops_whole_sequence():
     # seq 0: two tokens of ratio 4 each -> geometric mean 4 > geo_mask_high 3; seq 1 on-policy.
     x = inputs(
-        trainer=[-1.0, -1.0, -2.0], infer=[-1.0 - math.log(4), -1.0 - math.log(4), -2.0],
-        adv=[1.0, 1.0, 2.0], mask=[1, 1, 1], seq_ids=[0, 0, 1],
+        trainer=[-1.0, -1.0, -2.0],
+        infer=[-1.0 - math.log(4), -1.0 - math.log(4), -2.0],
+        adv=[1.0, 1.0, 2.0],
+        mask=[1, 1, 1],
+        seq_ids=[0, 0, 1],
     )
     loss, metrics = AIPO(geo_mask_high=3.0)(x)
     assert loss.item() == pytest.approx(-(2.0 * -2.0) / 3, abs=1e-12)
@@ -55,14 +60,27 @@ def test_geometric_mask_drops_whole_sequence():
 
 def test_low_token_mask_and_loss_mask():
     # token 0 is a prompt token (mask 0); token 1 has ratio 1/16 < 0.125 -> masked; token 2 kept.
-    x = inputs(trainer=[-3.0, -1.0, -1.5], infer=[-0.1, -1.0 + math.log(16), -1.5], adv=[9.0, 1.0, 1.0], mask=[0, 1, 1], seq_ids=[0, 0, 0])
+    x = inputs(
+        trainer=[-3.0, -1.0, -1.5],
+        infer=[-0.1, -1.0 + math.log(16), -1.5],
+        adv=[9.0, 1.0, 1.0],
+        mask=[0, 1, 1],
+        seq_ids=[0, 0, 0],
+    )
     loss, metrics = AIPO()(x)
     assert loss.item() == pytest.approx(-(1.0 * -1.5) / 2, abs=1e-12)
     assert metrics["masked_frac"].item() == pytest.approx(0.5)
 
 
 def test_on_policy_gradient_is_advantage_over_normalizer():
-    x = inputs(trainer=[-0.7, -1.2, -0.3, -2.0], infer=[-0.7, -1.2, -0.3, -2.0], adv=[2.0, 2.0, -1.0, -1.0], mask=[1, 1, 1, 1], seq_ids=[0, 0, 1, 1], normalizer=8)
+    x = inputs(
+        trainer=[-0.7, -1.2, -0.3, -2.0],
+        infer=[-0.7, -1.2, -0.3, -2.0],
+        adv=[2.0, 2.0, -1.0, -1.0],
+        mask=[1, 1, 1, 1],
+        seq_ids=[0, 0, 1, 1],
+        normalizer=8,
+    )
     loss, _ = AIPO()(x)
     loss.backward()
     assert x.trainer_logprobs_T.grad.tolist() == pytest.approx([-2 / 8, -2 / 8, 1 / 8, 1 / 8], abs=1e-12)
@@ -92,7 +110,9 @@ def test_defaults_give_the_same_numbers_as_before_the_sequence_options():
         AIPO(kl_tau=0.1, ratio_type="token", sequence_mask_low=0.0, sequence_mask_high=100.0, sequence_clip_high=10.0),
         AIPO(kl_tau=0.1, sequence_clip_high=1.0),
     ]:
-        x = make_loss_inputs([-1.0, -2.0, -0.5], [-1.0, -2.0 - LN2, -0.5 - math.log(9)], [0.5, 0.5, -1.0], seq_ids=[0, 0, 1])
+        x = make_loss_inputs(
+            [-1.0, -2.0, -0.5], [-1.0, -2.0 - LN2, -0.5 - math.log(9)], [0.5, 0.5, -1.0], seq_ids=[0, 0, 1]
+        )
         loss, metrics, grad = loss_and_grad(loss_fn, x)
         assert loss.item() == 0.740913709258674
         assert grad == [-0.16666666666666666, -0.2871235212960036, 0.0]
@@ -107,7 +127,9 @@ def test_sequence_ratio_hand_computed_loss_and_gradient():
     x = make_loss_inputs(
         trainer=[-3.0, -1.0, -2.0, -0.5, -0.7],
         infer=[-0.1, -1.0 - LN2, -2.0 - math.log(4), -0.5 - math.log(9), -0.7 + LN2],
-        adv=[0.5, 0.5, 0.5, 0.5, -1.0], seq_ids=[0, 0, 0, 0, 1], mask=[0, 1, 1, 1, 1],
+        adv=[0.5, 0.5, 0.5, 0.5, -1.0],
+        seq_ids=[0, 0, 0, 0, 1],
+        mask=[0, 1, 1, 1, 1],
     )
     loss, metrics, grad = loss_and_grad(AIPO(kl_tau=0.1, ratio_type="sequence"), x)
     c0 = 72 ** (1 / 3) * (0.5 - 0.1 * math.log(72) / 3)  # s_0 * (adv_tau A - kl_tau log s_0)
@@ -132,10 +154,14 @@ def test_sequence_ratio_equals_token_ratio_for_one_token_sequences():
 def test_sequence_clip_high_caps_the_weight_but_not_the_kl_log_ratio(clip, weight_0):
     # seq 0: two tokens of ratio 4 -> s_0 = 4 (kept: geo_mask_high 100); seq 1: two of ratio 2 -> s_1 = 2 < 3.
     x = make_loss_inputs(
-        trainer=[-1.0, -2.0, -0.5, -1.5], infer=[-1.0 - math.log(4), -2.0 - math.log(4), -0.5 - LN2, -1.5 - LN2],
-        adv=[1.0, 1.0, -1.0, -1.0], seq_ids=[0, 0, 1, 1],
+        trainer=[-1.0, -2.0, -0.5, -1.5],
+        infer=[-1.0 - math.log(4), -2.0 - math.log(4), -0.5 - LN2, -1.5 - LN2],
+        adv=[1.0, 1.0, -1.0, -1.0],
+        seq_ids=[0, 0, 1, 1],
     )
-    loss, _, grad = loss_and_grad(AIPO(kl_tau=0.1, ratio_type="sequence", geo_mask_high=100.0, sequence_clip_high=clip), x)
+    loss, _, grad = loss_and_grad(
+        AIPO(kl_tau=0.1, ratio_type="sequence", geo_mask_high=100.0, sequence_clip_high=clip), x
+    )
     c0 = weight_0 * (1.0 - 0.1 * math.log(4))
     c1 = 2.0 * (-1.0 - 0.1 * LN2)
     assert loss.item() == pytest.approx(-(c0 * -3.0 + c1 * -2.0) / 4, abs=1e-12)
@@ -149,7 +175,9 @@ def test_min_max_sequence_mask_at_and_around_its_thresholds():
     x = make_loss_inputs(
         trainer=[-2.0, -1.0, 0.0, -1.0, 0.0, 0.0, 0.0],
         infer=[8.0, -1.0, LN2, -1.0, LN2 + 1e-6, -LN2, -LN2 - 1e-6],
-        adv=[1.0] * 7, seq_ids=[0, 0, 0, 1, 1, 2, 3], mask=[0, 1, 1, 1, 1, 1, 1],
+        adv=[1.0] * 7,
+        seq_ids=[0, 0, 0, 1, 1, 2, 3],
+        mask=[0, 1, 1, 1, 1, 1, 1],
     )
     loss, metrics, grad = loss_and_grad(AIPO(sequence_mask_low=0.5, sequence_mask_high=2.0), x)
     assert loss.item() == pytest.approx(-(1.0 * -1.0) / 6, abs=1e-12)
@@ -196,7 +224,10 @@ def test_teacher_term_hand_computed_loss_gradient_and_metric():
     # seq 0: ratios 1 and 2, A = 1; seq 1: ratio 1, A = -1. teacher_tau 0.5, so A'_t = A_t + 0.5 (q_t - p_t):
     # token 0: 1 + 0.5 * 0.5 = 1.25; token 1: 1 + 0.5 * -0.5 = 0.75 (times ratio 2: 1.5); token 2: -1 - 0.15.
     x = make_loss_inputs(
-        trainer=[-1.0, -2.0, -0.5], infer=[-1.0, -2.0 - LN2, -0.5], adv=[1.0, 1.0, -1.0], seq_ids=[0, 0, 1],
+        trainer=[-1.0, -2.0, -0.5],
+        infer=[-1.0, -2.0 - LN2, -0.5],
+        adv=[1.0, 1.0, -1.0],
+        seq_ids=[0, 0, 1],
         teacher_logprobs_T=torch.tensor([-0.5, -2.5, -0.8], dtype=torch.float64),
     )
     loss, metrics, grad = loss_and_grad(AIPO(teacher_tau=0.5), x)
@@ -208,7 +239,10 @@ def test_teacher_term_hand_computed_loss_gradient_and_metric():
 def test_teacher_term_follows_the_masks_and_ignores_off_mask_teacher_values():
     # token 0 is a prompt token with a non-finite teacher logprob; token 2 has ratio 9 > token_mask_high.
     x = make_loss_inputs(
-        trainer=[-3.0, -1.0, -0.5], infer=[-3.0, -1.0, -0.5 - math.log(9)], adv=[0.0, 0.0, 0.0], mask=[0, 1, 1],
+        trainer=[-3.0, -1.0, -0.5],
+        infer=[-3.0, -1.0, -0.5 - math.log(9)],
+        adv=[0.0, 0.0, 0.0],
+        mask=[0, 1, 1],
         teacher_logprobs_T=torch.tensor([-math.inf, -0.6, -0.1], dtype=torch.float64),
     )
     loss, metrics, grad = loss_and_grad(AIPO(teacher_tau=2.0), x)
@@ -222,9 +256,13 @@ def test_teacher_term_expected_gradient_is_the_reverse_kl_gradient():
     theta = torch.tensor([0.3, -0.2, 0.9], dtype=torch.float64, requires_grad=True)
     logq = torch.log_softmax(torch.tensor([1.0, 0.5, -1.0], dtype=torch.float64), -1)
     logp = torch.log_softmax(theta, -1)
-    x = make_loss_inputs(logp.tolist(), logp.tolist(), [0.0] * 3, seq_ids=[0, 1, 2], loss_normalizer=1.0, teacher_logprobs_T=logq)
+    x = make_loss_inputs(
+        logp.tolist(), logp.tolist(), [0.0] * 3, seq_ids=[0, 1, 2], loss_normalizer=1.0, teacher_logprobs_T=logq
+    )
     _, _, grad_logp = loss_and_grad(AIPO(teacher_tau=0.7), x)  # d loss_x / d logp(x), token x alone
-    expected = torch.autograd.grad(logp, theta, grad_outputs=logp.exp().detach() * torch.tensor(grad_logp, dtype=torch.float64), retain_graph=True)[0]
+    expected = torch.autograd.grad(
+        logp, theta, grad_outputs=logp.exp().detach() * torch.tensor(grad_logp, dtype=torch.float64), retain_graph=True
+    )[0]
     kl = (logp.exp() * (logp - logq)).sum()
     (kl_grad,) = torch.autograd.grad(kl, theta)
     assert expected.tolist() == pytest.approx((0.7 * kl_grad).tolist(), abs=1e-12)
@@ -241,7 +279,9 @@ def test_teacher_tau_without_teacher_logprobs_names_the_recipe_key():
 def test_teacher_equal_to_the_policy_changes_nothing_and_contracts_hold():
     trainer, infer, adv = [-1.0, -2.0, -0.5], [-1.1, -1.8, -0.5], [0.5, 0.5, -1.0]
     plain = loss_and_grad(AIPO(kl_tau=0.1), make_loss_inputs(trainer, infer, adv, seq_ids=[0, 0, 1]))
-    x = make_loss_inputs(trainer, infer, adv, seq_ids=[0, 0, 1], teacher_logprobs_T=torch.tensor(trainer, dtype=torch.float64))
+    x = make_loss_inputs(
+        trainer, infer, adv, seq_ids=[0, 0, 1], teacher_logprobs_T=torch.tensor(trainer, dtype=torch.float64)
+    )
     taught = loss_and_grad(AIPO(kl_tau=0.1, teacher_tau=3.0), x)
     assert taught[0].item() == plain[0].item() and taught[2] == plain[2]
     assert AIPO(teacher_tau=1.0).needs_teacher and not AIPO().needs_teacher

@@ -13,8 +13,19 @@ from grpokit.testing import check_component, check_loss, loss_and_grad, make_los
 
 def mixed_inputs(**overrides):
     """seq 0: two sampled tokens on-policy with A = 1; seq 1: two expert tokens (outside the loss mask)."""
-    fields = {"expert_mask_T": torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64), "expert_normalizer": 2.0, **overrides}
-    return make_loss_inputs([-1.0, -2.0, -0.5, -0.25], [-1.0, -2.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], seq_ids=[0, 0, 1, 1], mask=[1, 1, 0, 0], **fields)
+    fields = {
+        "expert_mask_T": torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64),
+        "expert_normalizer": 2.0,
+        **overrides,
+    }
+    return make_loss_inputs(
+        [-1.0, -2.0, -0.5, -0.25],
+        [-1.0, -2.0, 0.0, 0.0],
+        [1.0, 1.0, 0.0, 0.0],
+        seq_ids=[0, 0, 1, 1],
+        mask=[1, 1, 0, 0],
+        **fields,
+    )
 
 
 def test_hand_computed_mixture_of_rl_and_sft():
@@ -22,13 +33,17 @@ def test_hand_computed_mixture_of_rl_and_sft():
     loss, metrics, grad = loss_and_grad(Chord(rl_loss=AIPO(), mu_peak=0.3, mu_valley=0.3), mixed_inputs())
     assert loss.item() == pytest.approx(0.7 * 1.5 + 0.3 * 0.375, abs=1e-12)
     assert grad == pytest.approx([-0.7 / 2, -0.7 / 2, -0.3 / 2, -0.3 / 2], abs=1e-12)
-    assert metrics["mu"].item() == pytest.approx(0.3) and metrics["expert_nll"].item() == pytest.approx(0.375, abs=1e-12)
+    assert metrics["mu"].item() == pytest.approx(0.3) and metrics["expert_nll"].item() == pytest.approx(
+        0.375, abs=1e-12
+    )
     assert "masked_frac" in metrics  # the RL loss's metrics pass through
 
 
 def test_phi_weights_each_expert_token_by_p_times_one_minus_p():
     phi = [math.exp(lp) * (1 - math.exp(lp)) for lp in (-0.5, -0.25)]
-    loss, _, grad = loss_and_grad(Chord(rl_loss=AIPO(), mu_peak=1.0, mu_valley=1.0, enable_phi_function=True), mixed_inputs())
+    loss, _, grad = loss_and_grad(
+        Chord(rl_loss=AIPO(), mu_peak=1.0, mu_valley=1.0, enable_phi_function=True), mixed_inputs()
+    )
     assert loss.item() == pytest.approx(-(phi[0] * -0.5 + phi[1] * -0.25) / 2, abs=1e-12)
     assert grad == pytest.approx([0.0, 0.0, -phi[0] / 2, -phi[1] / 2], abs=1e-12)  # the weight is detached
 
@@ -57,7 +72,9 @@ def test_schedule_edges():
 
 
 def test_needs_follow_the_rl_loss_and_contracts_hold():
-    assert Chord(rl_loss=ClippedPG(beta=0.1)).needs_reference and Chord(rl_loss=ClippedPG(entropy_coeff=0.1)).needs_entropy
+    assert (
+        Chord(rl_loss=ClippedPG(beta=0.1)).needs_reference and Chord(rl_loss=ClippedPG(entropy_coeff=0.1)).needs_entropy
+    )
     assert Chord(rl_loss=AIPO(teacher_tau=1.0)).needs_teacher and Chord.needs_experts
     check_component(Chord)
     check_loss(Chord(rl_loss=AIPO(teacher_tau=1.0), enable_phi_function=True, mu_peak=0.5))

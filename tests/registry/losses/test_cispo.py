@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from grpokit.testing import loss_and_grad, make_loss_inputs
 from grpokit.registry.losses.cispo import CISPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
+from grpokit.testing import loss_and_grad, make_loss_inputs
 
 
 def make_inputs(trainer, infer, adv, mask=None, **kw):

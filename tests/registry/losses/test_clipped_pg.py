@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from grpokit.testing import loss_and_grad, make_loss_inputs
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.cispo import CISPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
 from grpokit.registry.losses.gspo import GSPO
+from grpokit.testing import loss_and_grad, make_loss_inputs
 
 
 def make_inputs(trainer, infer, adv, seq_ids, mask=None, **kw):
@@ -32,7 +32,9 @@ def test_hand_computed_loss_gradient_and_clip_metrics():
     # d loss / d logp = -A r / 4 where unclipped, 0 where the clip binds.
     assert grad == pytest.approx([-1 / 4, 0.0, 0.0, 1.1 / 4], abs=1e-12)
     assert metrics["clipped_frac"].item() == pytest.approx(0.5)
-    assert metrics["clip_high_frac"].item() == pytest.approx(0.25) and metrics["clip_low_frac"].item() == pytest.approx(0.25)
+    assert metrics["clip_high_frac"].item() == pytest.approx(0.25) and metrics["clip_low_frac"].item() == pytest.approx(
+        0.25
+    )
 
 
 def test_clip_higher_lets_the_positive_token_through():
@@ -41,13 +43,16 @@ def test_clip_higher_lets_the_positive_token_through():
 
 
 def test_dual_clip_bounds_negative_advantage_tokens():
-    # A = -1 everywhere; ratios 5 (obj min(-5, -1.2) = -5 < -3: dual-clipped to -3, no gradient) and 2 (obj -2 >= -3: kept).
+    # A = -1 everywhere; ratios 5 (obj min(-5, -1.2) = -5 < -3: dual-clipped to -3, no gradient)
+    # and 2 (obj -2 >= -3: kept).
     x = make_inputs([-1.0, -1.0], [-1.0 - math.log(5), -1.0 - math.log(2)], [-1.0, -1.0], [0, 1])
     loss, metrics, grad = grad_of(ClippedPG(ratio_clip_c=3.0), x)
     assert loss.item() == pytest.approx(-(-3 - 2) / 2, abs=1e-12)
     assert grad == pytest.approx([0.0, 2 / 2], abs=1e-12)
     assert metrics["dual_clipped_frac"].item() == pytest.approx(0.5)
-    _, _, grad_plain = grad_of(ClippedPG(), make_inputs([-1.0, -1.0], x.inference_logprobs_T.tolist(), [-1.0, -1.0], [0, 1]))
+    _, _, grad_plain = grad_of(
+        ClippedPG(), make_inputs([-1.0, -1.0], x.inference_logprobs_T.tolist(), [-1.0, -1.0], [0, 1])
+    )
     assert grad_plain == pytest.approx([5 / 2, 2 / 2], abs=1e-12)
 
 
@@ -60,11 +65,15 @@ def test_dual_clip_leaves_positive_advantages_alone():
 def test_kl_penalty_k3_and_its_gradient():
     # On-policy (ratio 1); reference logprobs differ. l = -A + beta k3; d k3 / d logp = 1 - exp(logq - logp).
     logq = [-1.5, -0.5]
-    x = make_inputs([-1.0, -1.0], [-1.0, -1.0], [1.0, -0.5], [0, 1], ref_logprobs_T=torch.tensor(logq, dtype=torch.float64))
+    x = make_inputs(
+        [-1.0, -1.0], [-1.0, -1.0], [1.0, -0.5], [0, 1], ref_logprobs_T=torch.tensor(logq, dtype=torch.float64)
+    )
     loss, metrics, grad = grad_of(ClippedPG(beta=0.1), x)
     k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(0.5) - 0.5 - 1]
     assert loss.item() == pytest.approx((-(1.0 - 0.5) + 0.1 * sum(k3)) / 2, abs=1e-12)
-    assert grad == pytest.approx([(-1.0 + 0.1 * (1 - math.exp(-0.5))) / 2, (0.5 + 0.1 * (1 - math.exp(0.5))) / 2], abs=1e-12)
+    assert grad == pytest.approx(
+        [(-1.0 + 0.1 * (1 - math.exp(-0.5))) / 2, (0.5 + 0.1 * (1 - math.exp(0.5))) / 2], abs=1e-12
+    )
     assert metrics["ref_kl"].item() == pytest.approx(sum(k3) / 2)
 
 
@@ -98,7 +107,9 @@ def test_truncated_importance_sampling_correction():
 
 
 def test_overlong_filtering_zeroes_truncated_sequences_but_keeps_the_normaliser():
-    x = make_inputs([-1.0, -1.0, -1.0], [-1.0] * 3, [1.0, 1.0, 2.0], [0, 0, 1], is_truncated_N=torch.tensor([False, True]))
+    x = make_inputs(
+        [-1.0, -1.0, -1.0], [-1.0] * 3, [1.0, 1.0, 2.0], [0, 0, 1], is_truncated_N=torch.tensor([False, True])
+    )
     loss, metrics, grad = grad_of(ClippedPG(overlong_filtering=True), x)
     assert loss.item() == pytest.approx(-2 / 3, abs=1e-12)
     assert grad == pytest.approx([-1 / 3, -1 / 3, 0.0], abs=1e-12)
@@ -124,7 +135,14 @@ def test_normalization_modes_set_the_gradient_scale(kw, expected):
 
 def test_all_tokens_masked_gives_finite_zero_loss():
     # Masked positions hold garbage, as prompt tokens may.
-    x = make_inputs([-1.0, -1000.0], [0.0, 0.0], [1.0, 1.0], [0, 0], mask=[0, 0], ref_logprobs_T=torch.tensor([0.0, 0.0], dtype=torch.float64))
+    x = make_inputs(
+        [-1.0, -1000.0],
+        [0.0, 0.0],
+        [1.0, 1.0],
+        [0, 0],
+        mask=[0, 0],
+        ref_logprobs_T=torch.tensor([0.0, 0.0], dtype=torch.float64),
+    )
     loss, metrics, grad = grad_of(ClippedPG(beta=0.1, ratio_clip_c=3.0, use_on_policy_kl_approximation=True), x)
     assert loss.item() == 0.0 and grad == [0.0, 0.0]
     assert all(torch.isfinite(v) for v in metrics.values())
@@ -140,7 +158,10 @@ def test_single_token_and_equal_zero_advantages():
 
 def test_huge_eps_is_the_unclipped_surrogate():
     torch.manual_seed(0)
-    trainer, infer = (-torch.rand(12, dtype=torch.float64) * 3).tolist(), (-torch.rand(12, dtype=torch.float64) * 3).tolist()
+    trainer, infer = (
+        (-torch.rand(12, dtype=torch.float64) * 3).tolist(),
+        (-torch.rand(12, dtype=torch.float64) * 3).tolist(),
+    )
     adv, seq_ids = torch.randn(12, dtype=torch.float64).tolist(), [0] * 5 + [1] * 7
     x = make_inputs(trainer, infer, adv, seq_ids, loss_normalizer=20.0)
     loss, _, grad = grad_of(ClippedPG(eps_low=1e9, eps_high=1e9), x)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpokit.testing import loss_and_grad, make_loss_inputs
 from grpokit.registry.losses.gspo import GSPO
+from grpokit.testing import loss_and_grad, make_loss_inputs
 
 
 def make_inputs(trainer, infer, adv, seq_ids, mask=None, **kw):
@@ -28,7 +28,9 @@ def test_hand_computed_sequence_ratio_clip_and_gradient():
     assert loss.item() == pytest.approx((-1.2 + s1) / 2, abs=1e-12)
     # d loss / d logp_t = -A s_i / (|y_i| * step_num_seqs)
     assert grad == pytest.approx([0.0, 0.0, s1 / 6, s1 / 6, s1 / 6], abs=1e-12)
-    assert metrics["clipped_frac"].item() == pytest.approx(2 / 5) and metrics["clip_high_frac"].item() == pytest.approx(2 / 5)
+    assert metrics["clipped_frac"].item() == pytest.approx(2 / 5) and metrics["clip_high_frac"].item() == pytest.approx(
+        2 / 5
+    )
     assert metrics["seq_ratio"].item() == pytest.approx((2 * math.exp(0.2) + 3 * s1) / 5)
 
 

@@ -7,8 +7,18 @@ from grpokit.registry.noise.qerl import QeRL
 
 # Defaults 5e-2 -> 5e-4 over 10 stages: stage 0 is 0, stage k = 1..9 is 5e-2 * (1e-2) ** ((k - 1) / 8),
 # i.e. 5e-2 * 10 ** (-(k - 1) / 4): 5e-2, 2.8117e-2, 1.5811e-2, 8.8914e-3, 5e-3, 2.8117e-3, 1.5811e-3, 8.8914e-4, 5e-4.
-DEFAULT_SIGMAS = [0.0, 5e-2, 2.8117066259517456e-2, 1.5811388300841896e-2, 8.891397050194614e-3, 5e-3,
-                  2.8117066259517456e-3, 1.5811388300841896e-3, 8.891397050194614e-4, 5e-4]
+DEFAULT_SIGMAS = [
+    0.0,
+    5e-2,
+    2.8117066259517456e-2,
+    1.5811388300841896e-2,
+    8.891397050194614e-3,
+    5e-3,
+    2.8117066259517456e-3,
+    1.5811388300841896e-3,
+    8.891397050194614e-4,
+    5e-4,
+]
 
 
 def test_default_sequence_one_value_per_stage():
@@ -24,7 +34,7 @@ def test_sigma_is_constant_within_a_stage_and_ratio_between_stages():
     for k in range(1, 10):
         assert len({s.sigma(step, 200) for step in range(20 * k, 20 * k + 20)}) == 1
     ratios = [s.sigma(20 * (k + 1), 200) / s.sigma(20 * k, 200) for k in range(1, 9)]
-    assert ratios == pytest.approx([10 ** -0.25] * 8, rel=1e-12)
+    assert ratios == pytest.approx([10**-0.25] * 8, rel=1e-12)
 
 
 def test_stages_when_max_steps_does_not_divide():
@@ -45,7 +55,9 @@ def test_disabled_is_zero_everywhere():
     assert all(s.sigma(step, 50) == 0.0 for step in range(51))
 
 
-@pytest.mark.parametrize("kwargs, match", [({"num_stages": 1}, "num_stages must be >= 2"), ({"sigma_end": 0.0}, "LinearNoise")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"num_stages": 1}, "num_stages must be >= 2"), ({"sigma_end": 0.0}, "LinearNoise")]
+)
 def test_bad_arguments_name_the_recipe_key(kwargs, match):
     with pytest.raises(ValueError, match=match) as e:
         QeRL(**kwargs)
