@@ -39,7 +39,7 @@ KEEP = (
 def prepare() -> None:
     """Copy SmolLM2-135M's config and tokenizer (not its weights) from grpokit's model cache into .gpu/."""
     sys.path.insert(0, str(REPO))
-    from grpokit.models import resolve_model
+    from grpokit.common.models import resolve_model
 
     source = Path(resolve_model("smollm2-135m"))
     FILES.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def main() -> int:
         argv = [
             sys.executable,
             "-m",
-            "grpokit.cli",
+            "grpokit",
             "fit",
             "--config",
             str(REPO / "recipes" / "reverse_text.yaml"),

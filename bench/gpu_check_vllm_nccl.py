@@ -1,5 +1,5 @@
 """Check full-weight and LoRA updates over NCCL into a GPU vLLM server's worker (VLLMNCCLBroadcast +
-grpokit.inference.vllm_worker), and time them.
+grpokit.inference.vllm.worker), and time them.
 
 On a machine with 2+ GPUs and vLLM installed beside grpokit:
     python bench/gpu_check_vllm_nccl.py --model Qwen/Qwen3-0.6B          # or a local folder
@@ -55,7 +55,7 @@ def free_port() -> int:
 
 def start_server(args: argparse.Namespace, port: int, dtype: str):
     from grpokit.broadcast.vllm_nccl import WORKER_EXTENSION
-    from grpokit.inference.vllm_server import VLLMServe, VLLMServer, serve_command, serve_env
+    from grpokit.inference.vllm.server import VLLMServe, VLLMServer, serve_command, serve_env
 
     env = {"CUDA_VISIBLE_DEVICES": args.server_device} if args.backend == "nccl" else {"VLLM_CPU_KVCACHE_SPACE": "1"}
     serve = VLLMServe(command=shlex.split(args.vllm_command), extra_args=shlex.split(args.extra_args), env=env)
@@ -138,9 +138,9 @@ def publish_and_apply(trainer, reader, engine, update, after_step: int) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
-    from grpokit.checksums import tensors_sha256
+    from grpokit.common.checksums import tensors_sha256
     from grpokit.inference import SamplingSettings
-    from grpokit.inference.vllm import VLLMEngine
+    from grpokit.inference.vllm.engine import VLLMEngine
     from grpokit.types import WeightUpdate
 
     args = parse_args(argv)

@@ -5,8 +5,8 @@ On CPU (smoke test):     python bench/gpu_qlora.py --device cpu --tiny --variant
 
 A random-weight model with Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads, head_dim 128, vocab
 151936, tied embeddings, q/k norms) is built from a transformers config and saved once to a temporary
-folder; every variant loads it through grpokit's own loader (grpokit.models.load_causal_lm, NF4 via
-grpokit.quantization) and optimizer (grpokit.quantization.build_optimizer), so the numbers are those of
+folder; every variant loads it through grpokit's own loader (grpokit.common.models.load_causal_lm, NF4 via
+grpokit.trainer.quantization) and optimizer (grpokit.trainer.quantization.build_optimizer), so the numbers are those of
 the code `grpokit fit` runs. Each variant trains a few steps of next-token loss on one fixed random
 batch (the loss falls when training works), one warm-up step first. Reported per variant: peak GPU memory
 (torch.cuda.max_memory_allocated, reset before the variant loads), memory held by the loaded model,
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from grpokit.models import load_causal_lm
-from grpokit.quantization import build_optimizer, check_nf4, check_optimizer
+from grpokit.common.models import load_causal_lm
+from grpokit.trainer.quantization import build_optimizer, check_nf4, check_optimizer
 
 
 @dataclass(frozen=True)

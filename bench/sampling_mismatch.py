@@ -3,7 +3,7 @@
 The builtin engine reports logprobs of the distribution it sampled from (stop tokens masked before
 min_tokens, repetition penalty, temperature); the trainer recomputes the temperature-scaled model
 distribution only. This samples reverse-text prompts with SmolLM2-135M-Instruct under several settings
-and prints the per-token mismatch the loss's importance ratio will see (grpokit.metrics.mismatch_metrics)
+and prints the per-token mismatch the loss's importance ratio will see (grpokit.trainer.metrics.mismatch_metrics)
 and the fraction of tokens outside AIPO's default token mask [0.125, 8].
 
     python bench/sampling_mismatch.py [--model smollm2-135m] [--prompts 8] [--n 4] [--max_tokens 64]
@@ -15,11 +15,11 @@ import argparse
 
 import torch
 
-from grpokit.env import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.logprobs import packed_token_logprobs
-from grpokit.metrics import mismatch_metrics
+from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.metrics import mismatch_metrics
 
 SETTINGS = [
     {"repetition_penalty": 1.0},

@@ -2,7 +2,7 @@
 
 Contract: `scheduler.sigma(step, max_steps) -> float`, a pure function of the weight step (no state),
 0 for no noise; `step` counts the optimizer steps the weights have seen (0 .. max_steps). The trainer's
-weights are never noised: at each weight push, grpokit.norm_noise adds N(0, sigma^2) to a copy of the
+weights are never noised: at each weight push, grpokit.common.noisy_norms adds N(0, sigma^2) to a copy of the
 clean norm weights and the broadcast carries that copy to the engine. `enabled: false` turns a
 scheduler off without removing it from the recipe (sigma is then 0 at every step).
 """

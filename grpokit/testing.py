@@ -370,7 +370,7 @@ def serving(model: str, broadcast=None, model_name: str = "tiny"):
     """The builtin engine (CPU) on `model` behind grpokit's OpenAI-compatible server on a free loopback
     port, following `broadcast` if given; yields (engine, server) and closes the server after."""
     from grpokit.inference.builtin import BuiltinEngine
-    from grpokit.inference.server import make_app, make_server
+    from grpokit.inference.server.http import make_app, make_server
 
     engine = BuiltinEngine(device="cpu")
     engine.setup(model)

@@ -30,7 +30,8 @@ class Rollout:
         completion_text: decoded completion, for logs and samples.
         metrics: per-rollout environment metrics.
         step_rewards: the environment's reward of each reasoning step of the completion (process
-            supervision), or None when its task reports none (see grpokit.env.Environment.step_rewards).
+            supervision), or None when its task reports none (see
+            grpokit.orchestrator.environment.Environment.step_rewards).
         step_ends: for each step, the index in completion_ids of its last token (ascending).
         is_expert: an expert (gold) completion the orchestrator added (`data.expert`), not sampled: it
             has no reward, advantage or inference logprobs and is trained on only by losses with
@@ -171,7 +172,7 @@ class WeightUpdate:
         path: the folder the update was read from, when a broadcast stores it on disk (engines that
             load weights themselves, such as vLLM's LoRA hot reload, read it there).
         norm_tensors: the engine's RMSNorm weights for this step, base-model names (QeRL noise,
-            grpokit.norm_noise): clean weights plus fresh noise; empty when no noise scheduler is on.
+            grpokit.common.noisy_norms): clean weights plus fresh noise; empty when no noise scheduler is on.
             The engine loads them after `tensors`, so they win over a full update's clean norms.
         in_engine: the broadcast has put the weights into the engine's own workers already (VLLMNCCLBroadcast):
             `tensors` is empty, and a LoRA update's `path` is a folder on the engine's machine.

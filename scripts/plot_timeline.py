@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from grpokit.timeline import read_timeline
+from grpokit.common.timeline import read_timeline
 
 
 def main(run_dir: str, out: str, first_steps: str = "0") -> None:

@@ -15,7 +15,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     """A 2-layer, hidden-64 Llama (head_dim 32) with SmolLM2's tokenizer, saved to `path`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpokit.models import load_tokenizer
+    from grpokit.common.models import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
     torch.manual_seed(seed)
@@ -45,7 +45,7 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _discover_components():
-    from grpokit.components import discover
+    from grpokit.cli.discovery import discover
 
     discover()
     torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from jsonargparse import Namespace
 
-from grpokit.cli import main
-from grpokit.component_args import check_component_names, reset_carried_init_args
+from grpokit.cli.component_args import check_component_names, reset_carried_init_args
+from grpokit.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "reverse_text.yaml")
@@ -53,7 +53,8 @@ def test_a_swap_inside_an_overlay_file_and_no_swap_at_all(tmp_path):
 
     engine = Namespace(
         inference=Namespace(
-            class_path="grpokit.inference.vllm.VLLMEngine", init_args=Namespace(serve=Namespace(port=1), timeout=5.0)
+            class_path="grpokit.inference.vllm.engine.VLLMEngine",
+            init_args=Namespace(serve=Namespace(port=1), timeout=5.0),
         )
     )
     reset_carried_init_args(
@@ -119,7 +120,7 @@ def test_names_in_recipe_files_are_checked_and_good_ones_pass(tmp_path):
 
 
 def test_the_command_line_lists_every_command_and_refuses_an_unknown_one():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "grpokit.cli", *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "grpokit", *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
     shown = run("--help")
     assert shown.returncode == 0 and all(
         c in shown.stdout for c in ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import main, make_cli
+from grpokit.cli import make_cli
+from grpokit.main import main
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yaml")
 
@@ -89,7 +90,7 @@ def test_a_fresh_fit_archives_an_attempt_that_stopped_before_its_first_checkpoin
 
 
 def test_errors_before_training_print_one_line_naming_the_key(tmp_path, capsys):
-    from grpokit.cli import entry as main  # the `grpokit` command
+    from grpokit.main import entry as main  # the `grpokit` command
 
     assert (
         main(

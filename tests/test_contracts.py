@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from grpokit.components import components, discover
+from grpokit.cli.discovery import components, discover
 
 discover()
 CHECKED = [c for c in components() if c.kind in ("loss", "advantage", "filter", "noise")]

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpokit.cli import main
-from grpokit.components import components, discover
+from grpokit.cli.discovery import components, discover
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 ROOT = Path(__file__).resolve().parents[1]

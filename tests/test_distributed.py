@@ -1,4 +1,4 @@
-"""grpokit.distributed: which micro-batches each DDP rank trains, the batch and metrics exchange between
+"""grpokit.trainer.distributed: which micro-batches each DDP rank trains, the batch and metrics exchange between
 ranks (a real 2-process gloo group), and the refusals of trainer setups grpokit cannot run.
 
 The 2-process test runs this file as a script, once per rank; each rank writes what it got to a JSON
@@ -15,8 +15,8 @@ import lightning as L
 import pytest
 import torch
 
-from grpokit.distributed import check_trainer_processes, rank_share
 from grpokit.testing import make_training_batch
+from grpokit.trainer.distributed import check_trainer_processes, rank_share
 
 
 def test_rank_share_is_round_robin_and_covers_every_micro_batch_once():
@@ -66,7 +66,7 @@ def test_fsdp2_is_accepted_and_fsdp1_deepspeed_and_tensor_parallel_are_refused_w
 
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
-    from grpokit.fsdp import FSDP2Strategy
+    from grpokit.trainer.fsdp import FSDP2Strategy
 
     check_trainer_processes(
         L.Trainer(strategy="fsdp2", devices=2, accelerator="cpu", logger=False), run_name_given=True
@@ -85,7 +85,7 @@ def test_fsdp2_is_accepted_and_fsdp1_deepspeed_and_tensor_parallel_are_refused_w
 
 
 def test_fsdp2_refuses_policy_settings_it_cannot_shard():
-    from grpokit.policy import Policy
+    from grpokit.trainer.policy import Policy
 
     with pytest.raises(ValueError, match="model.compile: True with trainer.strategy fsdp2.*unset model.compile"):
         Policy(compile=True)._shard(mesh=None)
@@ -123,8 +123,8 @@ def _rank_main(rank: int, port: int, out: Path) -> None:
     """One rank: receive rank 0's batch (checked equal to the batch rank 0 sent), gather a step's results."""
     import torch.distributed as dist
 
-    from grpokit.distributed import gather_step, share_batch
     from grpokit.testing import assert_same_batch
+    from grpokit.trainer.distributed import gather_step, share_batch
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     received = share_batch(make_training_batch(7) if rank == 0 else None)

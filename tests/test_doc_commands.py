@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.component_args import check_component_names
-from grpokit.recipe_files import check_recipe_files
+from grpokit.cli.component_args import check_component_names
+from grpokit.cli.recipe_files import check_recipe_files
 from grpokit.sweep.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]

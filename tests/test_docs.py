@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from grpokit.cli import components_markdown
-from grpokit.components import components, discover
+from grpokit.cli.discovery import components, discover
+from grpokit.cli.registry_cmd import components_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 
@@ -63,7 +63,7 @@ def test_a_step_with_every_rollout_masked_trains_nothing_and_says_so(tmp_path, t
     """max_tokens 1 with the Overlong filter enforced masks every rollout: the step's loss is an exact 0, the
     weights do not move, `loss_tokens` is 0, and a warning names the filter that masked them."""
     overlong = '[{"class_path": "Overlong", "init_args": {"enforce": true}}]'
-    with caplog.at_level("WARNING", logger="grpokit.guards"):
+    with caplog.at_level("WARNING", logger="grpokit.trainer.guards"):
         run, rows = tiny_fit(
             tmp_path, tiny_model, "masked", "--data.sampling.max_tokens", "1", "--data.filters", overlong
         )

@@ -1,4 +1,4 @@
-"""grpokit.fsdp and the Policy's sharded paths, on a real 2-process gloo group: the weights a sharded
+"""grpokit.trainer.fsdp and the Policy's sharded paths, on a real 2-process gloo group: the weights a sharded
 Policy publishes (full fine-tuning, a LoRA adapter, QeRL noisy norms) are bit-identical to the unsharded
 Policy's, and full weights loaded into a sharded model land in every shard.
 
@@ -43,7 +43,7 @@ def _chunked_logprobs_diff(plain, sharded) -> float:
     their gradients (the sharded ones gathered)."""
     import torch
 
-    from grpokit.logprobs import packed_token_logprobs
+    from grpokit.trainer.logprobs import packed_token_logprobs
 
     ids_T = torch.randint(0, 200, (20,), generator=torch.Generator().manual_seed(0))
     pos_T, lens_N = torch.cat([torch.arange(12), torch.arange(8)]), torch.tensor([12, 8])
@@ -63,7 +63,7 @@ def _chunked_logprobs_diff(plain, sharded) -> float:
 
 
 def _summary(tensors: dict) -> dict:
-    from grpokit.checksums import tensors_sha256
+    from grpokit.common.checksums import tensors_sha256
 
     return {"sha256": tensors_sha256(tensors) if tensors else None, "count": len(tensors)}
 
@@ -73,9 +73,9 @@ def _rank_main(rank: int, port: int, out: Path, model: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from grpokit.fsdp import full_state_dict, load_full_state_dict, shard_model
-    from grpokit.policy import LoraSettings, Policy
     from grpokit.registry.noise.qerl import QeRL
+    from grpokit.trainer.fsdp import full_state_dict, load_full_state_dict, shard_model
+    from grpokit.trainer.policy import LoraSettings, Policy
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))

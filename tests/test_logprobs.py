@@ -2,11 +2,11 @@
 
 import torch
 
+from grpokit.common.models import load_causal_lm
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.logprobs import packed_token_logprobs, selective_logprobs
-from grpokit.metrics import mismatch_metrics
-from grpokit.models import load_causal_lm
+from grpokit.trainer.logprobs import packed_token_logprobs, selective_logprobs
+from grpokit.trainer.metrics import mismatch_metrics
 
 
 def single_logprobs(model, ids):

@@ -1,9 +1,9 @@
-"""grpokit.memory: the trainer's memory estimate, term by term against a hand computation, and the share
+"""grpokit.inference.vllm.memory: the trainer's memory estimate, term by term against a hand computation, and the share
 of the GPU it leaves a co-located vLLM server."""
 
 import pytest
 
-from grpokit.memory import (
+from grpokit.inference.vllm.memory import (
     GIB,
     ModelShape,
     colocated_gpu_memory_utilization,
@@ -61,7 +61,7 @@ def test_colocated_share_leaves_a_margin_and_refuses_a_full_gpu():
 
 
 def test_policy_estimate_reads_the_recipe(tiny_model):
-    from grpokit.policy import LoraSettings, Policy
+    from grpokit.trainer.policy import LoraSettings, Policy
 
     policy = Policy(model=tiny_model, lora=LoraSettings(rank=4), dtype="bfloat16", logprob_chunk_size=64)
     terms = policy_trainer_bytes(policy, seq_len=256)

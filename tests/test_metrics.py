@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpokit.metrics import mismatch_metrics, weighted_mean
+from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
 
 
 def test_hand_computed_mismatch_metrics():

@@ -6,9 +6,9 @@ import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
+from grpokit.common.noisy_norms import apply_norm_weights, check_engine_accepts_norms, noisy_norms, norm_weights
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.inference.vllm import VLLMEngine
-from grpokit.norm_noise import apply_norm_weights, check_engine_accepts_norms, noisy_norms, norm_weights
+from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.registry.noise.qerl import QeRL
 
 

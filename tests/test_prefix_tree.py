@@ -1,4 +1,4 @@
-"""Shared prefixes (grpokit.prefix_tree): the tree of a packed row, its mask, and logprobs, entropies and
+"""Shared prefixes (grpokit.trainer.prefix_tree): the tree of a packed row, its mask, and logprobs, entropies and
 gradients through it equal to the packed row's."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.logprobs import packed_token_logprobs
-from grpokit.prefix_tree import prefix_tree
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.prefix_tree import prefix_tree
 
 
 def packed(seqs: list[list[int]]):
@@ -88,7 +88,7 @@ def test_logprobs_entropies_and_gradients_through_the_tree_equal_the_packed_rows
 def test_varlen_attention_refuses_shared_prefixes(model):
     import copy
 
-    from grpokit.varlen import use_varlen
+    from grpokit.trainer.varlen import use_varlen
 
     varlen = copy.deepcopy(model)
     use_varlen(varlen)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
-from grpokit.progress import DESCRIPTION, StepRichProgressBar, StepTQDMProgressBar, use_step_progress_bar
+from grpokit.trainer.progress import DESCRIPTION, StepRichProgressBar, StepTQDMProgressBar, use_step_progress_bar
 
 
 class Endless(L.LightningModule):

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from grpokit.broadcast.filesystem import NORMS_FILE
 from grpokit.cli import make_cli
-from grpokit.models import load_causal_lm
-from grpokit.norm_noise import norm_weights
+from grpokit.common.models import load_causal_lm
+from grpokit.common.noisy_norms import norm_weights
 from grpokit.registry.noise.qerl import QeRL
 from grpokit.testing import tiny_fit_argv
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpokit.cli import make_cli
-from grpokit.policy import LoraSettings, Policy
-from grpokit.quantization import build_optimizer, check_nf4, check_optimizer
 from grpokit.testing import tiny_fit_argv
+from grpokit.trainer.policy import LoraSettings, Policy
+from grpokit.trainer.quantization import build_optimizer, check_nf4, check_optimizer
 
 
 def test_nf4_needs_lora():

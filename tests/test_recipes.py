@@ -6,7 +6,7 @@ import pytest
 
 from grpokit.cli import make_cli
 from grpokit.orchestrator import Orchestrator
-from grpokit.policy import Policy
+from grpokit.trainer.policy import Policy
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BASES = sorted(p for p in RECIPES.glob("*.yaml"))

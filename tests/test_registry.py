@@ -7,8 +7,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from grpokit.cli import main, make_cli
-from grpokit.components import components, discover
+from grpokit.cli import make_cli
+from grpokit.cli.discovery import components, discover
+from grpokit.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "reverse_text.yaml")
@@ -59,10 +60,10 @@ def test_ambiguous_short_name_names_both_class_paths(tmp_path):
     )
     script = (
         "import other_lab, sys\n"
-        "from grpokit.components import clashes, components, discover\n"
+        "from grpokit.cli.discovery import clashes, components, discover\n"
         "discover()\n"
         "print(clashes(components('advantage')))\n"
-        "from grpokit.cli import main\n"
+        "from grpokit.main import main\n"
         f"main(['fit', '--config', {RECIPE!r}, '--output_dir', {str(tmp_path)!r}, '--print_config'])\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}

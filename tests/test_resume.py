@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 MAX_STEPS = 12
@@ -33,7 +33,7 @@ def prompts_per_step(run: Path) -> dict[int, list[int]]:
 def test_sigkill_then_resume_continues_without_gaps_or_repeats(tmp_path, tiny_model):
     run = tmp_path / "killed"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit.cli", *argv(tmp_path, tiny_model, "killed")],
+        [sys.executable, "-m", "grpokit", *argv(tmp_path, tiny_model, "killed")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -7,10 +7,10 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from grpokit.checkpoint import CheckpointSettings, archive_progress
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.orchestrator.pools import read_log
 from grpokit.testing import tiny_fit_argv
+from grpokit.trainer.checkpoint import CheckpointSettings, archive_progress
 
 # the tiny model never answers arithmetic (reward 0: hard pool) and always earns some reverse-text credit
 ENVS = '[{"id": "reverse-text", "args": {"num_tasks": 2}}, {"id": "arithmetic", "args": {"num_tasks": 2}}]'

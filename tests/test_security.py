@@ -33,8 +33,8 @@ PICKLING_CALLS = {
 ENV_VARS = {
     "PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI",
     "GRPOKIT_CACHE": "where converted models are cached",
-    "GRPOKIT_TRACEBACK": "show the traceback of a start-up error (grpokit.cli.entry)",
-    "JSONARGPARSE_DEBUG": "jsonargparse's debug mode: its own parse errors, not grpokit.cli_errors' short ones",
+    "GRPOKIT_TRACEBACK": "show the traceback of a start-up error (grpokit.main.entry)",
+    "JSONARGPARSE_DEBUG": "jsonargparse's debug mode: its own parse errors, not grpokit.cli.errors' short ones",
     "RANK": "torchrun's global rank",
     "LOCAL_RANK": "the launcher's local rank",
     "NODE_RANK": "the launcher's node rank",

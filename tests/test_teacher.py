@@ -5,15 +5,15 @@ import csv
 import pytest
 import torch
 
-from grpokit.cli import main
-from grpokit.logprobs import packed_token_logprobs
+from grpokit.common.models import load_causal_lm, load_tokenizer
 from grpokit.loss import LossInputs
-from grpokit.models import load_causal_lm, load_tokenizer
+from grpokit.main import main
 from grpokit.orchestrator.packing import pack
-from grpokit.policy import LoraSettings, Policy
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
 from grpokit.testing import tiny_fit_argv
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.policy import LoraSettings, Policy
 from grpokit.types import Rollout, TrainingBatch
 
 

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from grpokit.bench.cli import main
+from grpokit.bench.command import main
 
 sys.exit(main())

@@ -58,7 +58,7 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     """A causal LM in eval mode on `device`: a shape from SHAPES (random init, seed 0) or a model name."""
     torch.manual_seed(0)
     if name not in SHAPES:
-        from grpokit.models import load_causal_lm
+        from grpokit.common.models import load_causal_lm
 
         return load_causal_lm(name, dtype=dtype).to(device).eval()
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -75,7 +75,7 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def model_folder(name: str, dtype: torch.dtype, device: str) -> Iterator[str]:
-    """What grpokit.policy.Policy(model=...) loads for `name`: the name itself, or for a shape a temporary
+    """What grpokit.trainer.policy.Policy(model=...) loads for `name`: the name itself, or for a shape a temporary
     folder holding build_model(name, dtype, device)'s random weights (the same weights the naive paths get)."""
     if name not in SHAPES:
         yield name

@@ -2,7 +2,7 @@
 
 A GRPO step samples `batch` completions (prompt_len + new_tokens each, the builtin engine's fast path)
 and trains one optimizer step on all their tokens (micro-batches of `micro_tokens` packed tokens,
-grpokit.policy.Policy's step with model.compile on CUDA, see grpokit.bench.trainer). With
+grpokit.trainer.policy.Policy's step with model.compile on CUDA, see grpokit.bench.trainer). With
 max_async_level 1 the engine samples step n+1's rollouts while the trainer trains on step n's, so the
 ideal step time is max(generation, training).
 Here both run on the same GPU: the engine in a thread on its own CUDA stream, the trainer on the main

@@ -5,13 +5,13 @@ weights on the same packed micro-batch (sequences of `seq_len` tokens, a random 
 - naive: the model's full logits, a float32 log_softmax over the whole vocabulary, sequences kept
   apart by a dense block-diagonal [T, T] mask (grpokit's CPU default), no activation checkpointing,
   the loss -sum(logprob * advantage) / tokens, AdamW;
-- grpokit: what `grpokit fit` runs, through grpokit.policy.Policy (grpokit.bench.trainer): varlen
-  attention (grpokit.varlen), log-probabilities in chunks of `chunk_size` tokens
-  (grpokit.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
+- grpokit: what `grpokit fit` runs, through grpokit.trainer.policy.Policy (grpokit.bench.trainer): varlen
+  attention (grpokit.trainer.varlen), log-probabilities in chunks of `chunk_size` tokens
+  (grpokit.trainer.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
   the engine's logprobs set to the policy's own before the first step), gradient clipping at 1.0,
   Policy's AdamW;
 - grpokit_dense: what fit runs on the CPU: dense block-diagonal mask, full logits, no checkpointing,
-  shared prefixes (grpokit.prefix_tree), the LM head on the trained tokens only;
+  shared prefixes (grpokit.trainer.prefix_tree), the LM head on the trained tokens only;
 - grpokit_compile: the same as grpokit with `model.compile: true` (each decoder layer torch.compiled);
 - grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute);
 - grpokit_compile_budget_B: compiled without checkpointing, but AOTAutograd recomputes the cheapest
@@ -49,7 +49,7 @@ def naive_lora_model(name: str, dtype: torch.dtype, device: str, rank: int):
 
 
 def naive_logprobs(lm, ids_T, pos_T, lens_N):
-    from grpokit.logprobs import packed_attention_mask
+    from grpokit.trainer.logprobs import packed_attention_mask
 
     mask = packed_attention_mask(lens_N, next(lm.parameters()).dtype)
     logits_TV = lm(input_ids=ids_T[None], position_ids=pos_T[None], attention_mask=mask).logits[0].float()

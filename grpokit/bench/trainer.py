@@ -1,4 +1,4 @@
-"""The trainer side of the benches: a grpokit.policy.Policy built as `grpokit fit` builds it, and its step.
+"""The trainer side of the benches: a grpokit.trainer.policy.Policy built as `grpokit fit` builds it, and its step.
 
 `bench train`, `bench step` and bench/gpu_profile_train.py time this, so what they measure is what fit
 runs: Policy.configure_model (peft LoRA, gradient checkpointing, the attention backend, compiled
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.policy import LoraSettings, Policy
+from grpokit.trainer.policy import LoraSettings, Policy
 from grpokit.types import MicroBatch, TrainingBatch
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.io import atomic_save_tensors, atomic_write_json, atomic_write_text
+from grpokit.common.io import atomic_save_tensors, atomic_write_json, atomic_write_text
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from multiprocessing import resource_tracker, shared_memory
 import torch
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.io import atomic_write_json
+from grpokit.common.io import atomic_write_json
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """NCCL weight broadcast into vLLM: the trainer's NCCLBroadcast, received by vLLM's own worker.
 
 The trainer end is NCCLBroadcast's (rank 0, bucketed broadcasts, no pickle). The engine end (rank 1) is
-not in the process that polls: it is vLLM's worker, extended by grpokit.inference.vllm_worker
+not in the process that polls: it is vLLM's worker, extended by grpokit.inference.vllm.worker
 (`grpokit infer` starts vLLM with that `--worker-extension-cls` when the recipe names this broadcast).
 `poll(after_step)`, called by the orchestrator (any process), goes over HTTP to the server's
 `/collective_rpc`: the first call makes the worker join the trainer's group, and each call makes it
@@ -28,7 +28,7 @@ from grpokit.broadcast.nccl import NCCLBroadcast
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
-WORKER_EXTENSION = "grpokit.inference.vllm_worker.NCCLWeightReceiver"
+WORKER_EXTENSION = "grpokit.inference.vllm.worker.NCCLWeightReceiver"
 
 
 class VLLMNCCLBroadcast(NCCLBroadcast):

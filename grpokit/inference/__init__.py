@@ -103,7 +103,7 @@ class InferenceEngine(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no servers that load weights themselves")
 
     def weights_sha256(self) -> str:
-        """grpokit.checksums.tensors_sha256 of the weights the engine samples with, as the trainer's
+        """grpokit.common.checksums.tensors_sha256 of the weights the engine samples with, as the trainer's
         `weight_update` names them (the LoRA adapter, or the full state dict): equal to the trainer's
         sha256 when the engine holds exactly the published weights. Optional; the server's
         `GET /v1/weights?sha256=true` reports it."""

@@ -6,7 +6,7 @@ grpokit.inference.merged_lora) and the fast path (grpokit.inference.fast: static
 decode steps replayed from CUDA graphs, continuous batching), the default on CUDA. LoRA updates are
 loaded into a peft wrapper of the base model (in place, so captured graphs stay valid). The base model
 is the engine's own copy, except in co-locate `fit` with LoRA, where `share_base_weights` points it at
-the trainer's frozen base weights (one copy in memory instead of two; grpokit.callbacks.ShareBaseWeights).
+the trainer's frozen base weights (one copy in memory instead of two; grpokit.trainer.callbacks.ShareBaseWeights).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Literal
 
 import torch
 
-from grpokit.checksums import tensors_sha256
+from grpokit.common.checksums import tensors_sha256
+from grpokit.common.models import load_causal_lm, load_tokenizer, parse_dtype
+from grpokit.common.noisy_norms import apply_norm_weights
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
 from grpokit.inference.merged_lora import MergedLoRA, mergeable
 from grpokit.inference.sampler import sample
-from grpokit.models import load_causal_lm, load_tokenizer, parse_dtype
-from grpokit.norm_noise import apply_norm_weights
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,8 @@ class BuiltinEngine(InferenceEngine):
         quantized or sharded (dtype or shape differ). Captured CUDA graphs read the old addresses, so
         the fast path's runner is rebuilt.
         """
-        from grpokit.models import unwrap_peft
-        from grpokit.norm_noise import norm_weights
+        from grpokit.common.models import unwrap_peft
+        from grpokit.common.noisy_norms import norm_weights
 
         def base_name(name: str) -> str:
             return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

@@ -21,12 +21,12 @@ import torch
 
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
-from grpokit.distributed import rank_and_world, share_batch
-from grpokit.env import Environment, EnvSpec, UnscoredEnvironment
+from grpokit.common.timeline import record_timeline
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
+from grpokit.orchestrator.environment import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import num_positions, pack
@@ -36,7 +36,7 @@ from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.orchestrator.weights import weight_source
-from grpokit.timeline import record_timeline
+from grpokit.trainer.distributed import rank_and_world, share_batch
 from grpokit.transport import Transport
 from grpokit.types import Rollout, TrainingBatch
 
@@ -405,7 +405,7 @@ class BatchStream:
     """The trainer's dataloader: batch `step` for step = start_step, start_step + 1, ...
 
     With several trainer ranks (DDP) only rank 0 reads the transport and sends each batch to the
-    others over the trainer's process group (grpokit.distributed).
+    others over the trainer's process group (grpokit.trainer.distributed).
     """
 
     def __init__(self, orchestrator: Orchestrator) -> None:

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpokit.env import Environment, EnvSpec
 from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import generate_rollouts
 

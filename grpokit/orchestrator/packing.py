@@ -2,7 +2,7 @@
 nodes when the trainer runs each shared prefix once (first-fit decreasing either way).
 
 The trainer's cost of a micro-batch is the number of positions its model runs: every token with the
-packed row, every distinct prefix with `model.share_prefixes` (grpokit.prefix_tree). A GRPO step
+packed row, every distinct prefix with `model.share_prefixes` (grpokit.trainer.prefix_tree). A GRPO step
 repeats each prompt G times behind one system prompt, so counting tokens splits a step that the tree
 runs in one forward: on the CPU demo, 1,113 tokens are 157 nodes, and one micro-batch instead of two
 trains the step 30% faster (docs/benchmarks.md).
@@ -127,6 +127,6 @@ def num_positions(mb: MicroBatch, prefix_tree: bool) -> int:
     """The positions the trainer's model runs for `mb`: its distinct prefixes, or its tokens."""
     if not prefix_tree:
         return mb.num_tokens
-    from grpokit.prefix_tree import prefix_tree as tree_of
+    from grpokit.trainer.prefix_tree import prefix_tree as tree_of
 
     return tree_of(mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N).num_nodes

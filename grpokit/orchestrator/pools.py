@@ -26,9 +26,9 @@ import json
 import random
 from pathlib import Path
 
-from grpokit.env import Environment, Example
-from grpokit.io import atomic_write_text
+from grpokit.common.io import atomic_write_text
 from grpokit.orchestrator.buffer import BufferSettings
+from grpokit.orchestrator.environment import Environment, Example
 
 POOLS = ("easy", "hard")
 

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from grpokit.env import Environment, Example
+from grpokit.orchestrator.environment import Environment, Example
 
 Item = tuple[Environment, Example]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 
-from grpokit.env import Environment, Example
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.orchestrator.environment import Environment, Example
 from grpokit.orchestrator.steps import rollout_steps
 from grpokit.types import Rollout
 

@@ -1,4 +1,4 @@
-"""Argument parsing of `grpokit sweep`, `grpokit report` and `grpokit rollouts` (grpokit/cli.py dispatches here)."""
+"""Argument parsing of `grpokit sweep`, `grpokit report` and `grpokit rollouts` (grpokit/main.py dispatches here)."""
 
 from __future__ import annotations
 

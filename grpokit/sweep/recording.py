@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.io import atomic_write_bytes, atomic_write_json
+from grpokit.common.io import atomic_write_bytes, atomic_write_json
 from grpokit.transport.recorded import FORMAT, MANIFEST, VERSION, batch_file, read_manifest
 
 KEEP_EVERY_BATCH = json.dumps(

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from grpokit.io import atomic_write_text
+from grpokit.common.io import atomic_write_text
 from grpokit.sweep.report_plots import plot_metric
 from grpokit.sweep.report_stats import RunMetrics, final_value, read_metrics, variant_label
 from grpokit.sweep.spec import SweepError, is_seed_key

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.checkpoint import checkpoint_steps
-from grpokit.component_args import check_component_names
-from grpokit.io import atomic_write_text
+from grpokit.cli.component_args import check_component_names
+from grpokit.common.io import atomic_write_text
 from grpokit.sweep.launchers import Launcher
 from grpokit.sweep.recording import replay_problem, replay_transport
 from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.spec import RunSpec, SweepError, SweepSpec, nest
 from grpokit.sweep.state import SweepState, definition
+from grpokit.trainer.checkpoint import checkpoint_steps
 from grpokit.transport.recorded import read_manifest
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class SweepRunner:
     def command(self, run: RunSpec) -> tuple[list[str], int | None]:
         """The run's command line, and the checkpoint step it resumes from (None: from the start)."""
         role = "train" if self.rollouts is not None else "fit"
-        command = [sys.executable, "-m", "grpokit.cli", role, "--config", str(self.run_dir(run) / "resolved.yaml")]
+        command = [sys.executable, "-m", "grpokit", role, "--config", str(self.run_dir(run) / "resolved.yaml")]
         steps = checkpoint_steps(self.run_dir(run) / "checkpoints")
         return (command + ["--ckpt.resume_step", "-1"], steps[-1]) if steps else (command, None)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpokit.io import atomic_write_json
+from grpokit.common.io import atomic_write_json
 from grpokit.sweep.spec import RunSpec, SweepError
 
 FORMAT, VERSION = "grpokit.Sweep", 1

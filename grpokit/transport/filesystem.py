@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpokit.io import atomic_write_bytes
+from grpokit.common.io import atomic_write_bytes
 from grpokit.transport import Transport
 from grpokit.transport.codec import decode_batch, encode_batch
 from grpokit.types import TrainingBatch

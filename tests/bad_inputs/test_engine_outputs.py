@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from grpokit.env import Environment, EnvSpec
+from grpokit.common.models import load_tokenizer
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
-from grpokit.models import load_tokenizer
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics

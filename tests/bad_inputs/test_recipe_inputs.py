@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import entry, main, make_cli
-from grpokit.env import Environment, EnvSpec
+from grpokit.cli import make_cli
+from grpokit.main import entry, main
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")

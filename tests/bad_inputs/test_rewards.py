@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from grpokit.cli import main
-from grpokit.env import Environment, EnvSpec
+from grpokit.main import main
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 

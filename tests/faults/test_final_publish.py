@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 
 

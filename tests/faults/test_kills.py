@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.orchestrator.datamodule import check_not_from_the_future
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
@@ -129,7 +129,7 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed):
     for attempt, target in enumerate(sorted(rng.sample(range(3, KILL_BEFORE), COLOCATE_KILLS))):
         log, started = open(tmp_path / f"fit_{attempt}.log", "w"), time.time()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grpokit.cli", *argv, *(resume if attempt else [])],
+            [sys.executable, "-m", "grpokit", *argv, *(resume if attempt else [])],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -181,7 +181,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
 
     def launch(role: str, *extra: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "grpokit.cli", role, *common, *extra], stdout=logs[role], stderr=subprocess.STDOUT
+            [sys.executable, "-m", "grpokit", role, *common, *extra], stdout=logs[role], stderr=subprocess.STDOUT
         )
 
     procs = {role: launch(role) for role in ("train", "orchestrate", "infer")}

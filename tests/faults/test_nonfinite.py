@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit.cli import main
-from grpokit.guards import NonFiniteError
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from grpokit.trainer.guards import NonFiniteError
 from grpokit.transport.codec import decode_batch
 
 NAN_LOSS = '''

@@ -15,11 +15,11 @@ import time
 import pytest
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
-from grpokit.env import EnvSpec
+from grpokit.common.models import load_tokenizer
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
-from grpokit.models import load_tokenizer
 from grpokit.orchestrator import Orchestrator
+from grpokit.orchestrator.environment import EnvSpec
 from grpokit.testing import ScriptedServer
 
 

@@ -27,8 +27,8 @@ def build_tiny_model(path: Path) -> str:
 
 def run(output_dir: Path, model: str) -> dict[str, list[float]]:
     """Per-step values of KEYS from a 10-step synchronous tiny fit."""
-    from grpokit.cli import main
-    from grpokit.components import discover
+    from grpokit.cli.discovery import discover
+    from grpokit.main import main
     from grpokit.testing import tiny_fit_argv
 
     discover()

@@ -5,13 +5,13 @@ frozen tensors in co-locate fit)."""
 import pytest
 import torch
 
+from grpokit.common.models import load_causal_lm
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.merged_lora import MergedLoRA, mergeable
-from grpokit.logprobs import packed_token_logprobs
-from grpokit.metrics import mismatch_metrics
-from grpokit.models import load_causal_lm
-from grpokit.policy import LoraSettings, Policy
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.metrics import mismatch_metrics
+from grpokit.trainer.policy import LoraSettings, Policy
 
 PROMPTS = [[1, 520, 9531, 198], [1, 4093, 198, 6004, 2, 198, 1, 520]]  # different lengths: left padding
 

@@ -4,9 +4,9 @@ processed distribution."""
 import pytest
 import torch
 
+from grpokit.common.models import load_causal_lm, load_tokenizer
 from grpokit.inference import SamplingSettings
 from grpokit.inference.sampler import sample
-from grpokit.models import load_causal_lm, load_tokenizer
 
 PROMPT = [1, 520, 9531, 198, 520, 9531]
 

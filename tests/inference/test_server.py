@@ -14,9 +14,9 @@ import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference import SamplingSettings
-from grpokit.logprobs import packed_token_logprobs
-from grpokit.metrics import mismatch_metrics
 from grpokit.testing import serving
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.metrics import mismatch_metrics
 from grpokit.types import WeightUpdate
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]

@@ -17,12 +17,12 @@ import torch
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.broadcast.ipc import IPCBroadcast
 from grpokit.broadcast.nccl import NCCLBroadcast
-from grpokit.checksums import tensors_sha256
-from grpokit.env import EnvSpec
+from grpokit.common.checksums import tensors_sha256
+from grpokit.common.models import load_causal_lm, load_tokenizer
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.remote import RemoteEngine, RemoteError
-from grpokit.models import load_causal_lm, load_tokenizer
 from grpokit.orchestrator import Orchestrator
+from grpokit.orchestrator.environment import EnvSpec
 from grpokit.orchestrator.weights import ServedWeights, weight_source
 from grpokit.testing import serving
 from grpokit.types import WeightUpdate

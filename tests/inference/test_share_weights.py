@@ -4,10 +4,10 @@ fine-tuning, and computes exactly what it computed with its own copy."""
 
 import torch
 
+from grpokit.common.noisy_norms import norm_weights
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.norm_noise import norm_weights
-from grpokit.policy import LoraSettings, Policy
 from grpokit.registry.noise.qerl import QeRL
+from grpokit.trainer.policy import LoraSettings, Policy
 
 
 def policy(tiny_model, lora):

@@ -12,7 +12,7 @@ import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference import SamplingSettings
-from grpokit.inference.vllm import VLLMEngine
+from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.types import WeightUpdate
 
 

@@ -1,4 +1,4 @@
-"""`grpokit fit` starting vLLM itself (grpokit.inference.vllm_launch), on a stand-in for vLLM's server: a
+"""`grpokit fit` starting vLLM itself (grpokit.inference.vllm.launch), on a stand-in for vLLM's server: a
 small HTTP server started by the real launcher with the real command line, answering /v1/models,
 completions (fixed tokens, echoing the requested model as vLLM does) and the LoRA adapter endpoints.
 The server is up for the run, the engine samples from it, and it and its worker are gone when fit
@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from grpokit.inference.vllm import VLLMEngine
-from grpokit.inference.vllm_launch import _sigterm_interrupts, start_for_fit
-from grpokit.inference.vllm_server import VLLMServe, check_port_free
+from grpokit.inference.vllm.engine import VLLMEngine
+from grpokit.inference.vllm.launch import _sigterm_interrupts, start_for_fit
+from grpokit.inference.vllm.server import VLLMServe, check_port_free
 from grpokit.testing import process_group_gone, tiny_fit_argv
 
 STAND_IN = """

@@ -1,4 +1,4 @@
-"""The vLLM server launcher (grpokit.inference.vllm_server): the command line built from the recipe, its
+"""The vLLM server launcher (grpokit.inference.vllm.server): the command line built from the recipe, its
 refusals, the recipe keys parsing into VLLMEngine's `serve`, and the process handling (start, readiness,
 stop of the whole process group) on a stand-in server. The real vLLM launch is in
 tests/integration/test_vllm_cpu.py (needs the vLLM venv)."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from grpokit.inference.vllm_server import VLLMServe, VLLMServer, lora_rank_for_vllm, serve_command, serve_env
+from grpokit.inference.vllm.server import VLLMServe, VLLMServer, lora_rank_for_vllm, serve_command, serve_env
 from grpokit.testing import process_group_gone, tiny_fit_argv
 
 
@@ -69,9 +69,9 @@ def test_defaults_follow_the_recipe_and_explicit_values_win():
         1,
         "float32",
         None,
-        worker_extension="grpokit.inference.vllm_worker.NCCLWeightReceiver",
+        worker_extension="grpokit.inference.vllm.worker.NCCLWeightReceiver",
     )
-    assert flag(cmd, "--worker-extension-cls") == "grpokit.inference.vllm_worker.NCCLWeightReceiver"
+    assert flag(cmd, "--worker-extension-cls") == "grpokit.inference.vllm.worker.NCCLWeightReceiver"
 
 
 def test_lora_rank_rounds_up_to_one_vllm_accepts():

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.broadcast.nccl import NCCLBroadcast
-from grpokit.checksums import tensors_sha256
-from grpokit.inference.vllm_worker import KEEP_ADAPTERS, NCCLWeightReceiver
+from grpokit.common.checksums import tensors_sha256
+from grpokit.inference.vllm.worker import KEEP_ADAPTERS, NCCLWeightReceiver
 from grpokit.types import WeightUpdate
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}

@@ -16,10 +16,10 @@ from collections import Counter
 import pytest
 from safetensors.torch import load_file
 
-from grpokit.checksums import tensors_sha256
+from grpokit.common.checksums import tensors_sha256
+from grpokit.common.timeline import read_timeline
 from grpokit.sweep.recording import export
 from grpokit.testing import tiny_fit_argv
-from grpokit.timeline import read_timeline
 from grpokit.transport.codec import decode_batch
 
 STEPS = 3
@@ -31,14 +31,14 @@ COMMON = (
     "null",
     "--num_threads",
     "1",
-    "--trainer.callbacks+=grpokit.callbacks.RankChecksums",
+    "--trainer.callbacks+=grpokit.trainer.callbacks.RankChecksums",
 )
 
 
 def run(argv: list[str], log_path) -> None:
     with open(log_path, "w") as log:
         code = subprocess.run(
-            [sys.executable, "-m", "grpokit.cli", *argv], stdout=log, stderr=subprocess.STDOUT, timeout=400
+            [sys.executable, "-m", "grpokit", *argv], stdout=log, stderr=subprocess.STDOUT, timeout=400
         ).returncode
     assert code == 0, log_path.read_text()[-4000:]
 

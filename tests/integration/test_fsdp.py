@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit.checksums import tensors_sha256
+from grpokit.common.checksums import tensors_sha256
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 
@@ -49,7 +49,7 @@ COMMON = (
 def run(argv: list[str], log_path) -> None:
     with open(log_path, "w") as log:
         code = subprocess.run(
-            [sys.executable, "-m", "grpokit.cli", *argv], stdout=log, stderr=subprocess.STDOUT, timeout=400
+            [sys.executable, "-m", "grpokit", *argv], stdout=log, stderr=subprocess.STDOUT, timeout=400
         ).returncode
     assert code == 0, log_path.read_text()[-4000:]
 
@@ -73,7 +73,7 @@ def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, t
         "fsdp2",
         "--trainer.devices",
         "2",
-        "--trainer.callbacks+=grpokit.callbacks.RankChecksums",
+        "--trainer.callbacks+=grpokit.trainer.callbacks.RankChecksums",
     )
     run(tiny_fit_argv(tmp_path, tiny_model, "fsdp", *COMMON, *CUDA_DEFAULTS, *fsdp), tmp_path / "fsdp.log")
     run_dir = tmp_path / "fsdp"
@@ -155,7 +155,7 @@ def test_fsdp2_run_killed_mid_training_resumes_to_the_end(tmp_path, tiny_model):
     )
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grpokit.cli", *argv], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-m", "grpokit", *argv], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
         deadline = time.monotonic() + 300

@@ -73,7 +73,7 @@ def three_roles(
         *extra,
     ]
     log = {role: open(tmp_path / f"{role}.log", "w") for role in ("infer", "orchestrate", "train")}
-    argv = {role: [sys.executable, "-m", "grpokit.cli", role, *common] for role in log}
+    argv = {role: [sys.executable, "-m", "grpokit", role, *common] for role in log}
     argv["train"] += train_extra
     procs = {
         role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT)
@@ -145,7 +145,7 @@ def test_three_processes_with_a_broadcast_only_the_server_polls(tmp_path, tiny_m
     """The orchestrator never polls the broadcast (NCCL: it would join the trainer's group as a second
     engine); the server's weights after the run are the trainer's last published ones, bit for bit."""
     steps, http_port = 3, free_port()
-    checksums = ["--trainer.callbacks+=grpokit.callbacks.RankChecksums"]  # the trainer's sha256 per step
+    checksums = ["--trainer.callbacks+=grpokit.trainer.callbacks.RankChecksums"]  # the trainer's sha256 per step
     with three_roles(tmp_path, tiny_model, http_port, steps, BROADCASTS[broadcast](), checksums) as procs:
         wait_ok(procs, tmp_path)
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/weights?sha256=true", timeout=60) as r:

@@ -53,7 +53,7 @@ def grpokit_infer(tiny_model, tmp_path, *extra: str):
     command = [
         sys.executable,
         "-m",
-        "grpokit.cli",
+        "grpokit",
         "infer",
         "--config",
         RECIPE,
@@ -131,7 +131,7 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     argv = [
         sys.executable,
         "-m",
-        "grpokit.cli",
+        "grpokit",
         "fit",
         "--config",
         RECIPE,
@@ -285,10 +285,10 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
     here like the tiny model), and vLLM's logprobs equal transformers' on the same weights. Then a 3-step
     full fine-tuning `grpokit fit` over the same path: engine and trainer logprobs agree at every step."""
     from grpokit.broadcast.vllm_nccl import VLLMNCCLBroadcast
-    from grpokit.checksums import tensors_sha256
+    from grpokit.common.checksums import tensors_sha256
+    from grpokit.common.noisy_norms import noisy_norms
     from grpokit.inference import SamplingSettings
-    from grpokit.inference.vllm import VLLMEngine
-    from grpokit.norm_noise import noisy_norms
+    from grpokit.inference.vllm.engine import VLLMEngine
     from grpokit.types import WeightUpdate
 
     store_port = free_port()
@@ -382,7 +382,7 @@ def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_
     argv = [
         sys.executable,
         "-m",
-        "grpokit.cli",
+        "grpokit",
         "fit",
         "--config",
         RECIPE,

@@ -3,9 +3,9 @@
 import csv
 import json
 
-from grpokit.cli import main
+from grpokit.common.timeline import read_timeline
+from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
-from grpokit.timeline import read_timeline
 
 
 def test_async_level_2_bounds_the_gap_and_overlaps(tmp_path, tiny_model):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.orchestrator.batching import BatchShape, resolve_batch_shape
 from grpokit.testing import tiny_fit_argv
 

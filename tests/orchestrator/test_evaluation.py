@@ -3,7 +3,7 @@
 import csv
 import json
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.orchestrator.evaluation import EvalSettings
 from grpokit.testing import tiny_fit_argv
 

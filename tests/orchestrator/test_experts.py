@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from grpokit.env import Environment, EnvSpec
+from grpokit.common.models import load_tokenizer
 from grpokit.loss import check_experts
-from grpokit.models import load_tokenizer
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import pack
 from grpokit.registry.losses.aipo import AIPO

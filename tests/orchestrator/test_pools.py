@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from grpokit.env import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.buffer import BufferSettings
+from grpokit.orchestrator.environment import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.pools import DifficultyPools, hash_key, read_log, restart_log
 from grpokit.orchestrator.prompts import PromptSampler, index_key
 
@@ -181,7 +181,7 @@ def test_unscored_environment_rewards_zero_and_shares_examples(env):
 def fit(tmp_path, tiny_model, name, *overrides):
     import csv
 
-    from grpokit.cli import main
+    from grpokit.main import main
     from grpokit.testing import tiny_fit_argv
 
     argv = tiny_fit_argv(

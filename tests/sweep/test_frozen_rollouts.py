@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.sweep.launchers import LocalLauncher
 from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.runner import SweepRunner
@@ -95,7 +95,7 @@ def test_a_frozen_rollout_sweep_trains_with_the_replay_transport(tmp_path, tiny_
     runner.prepare()
     for run in runner.spec.runs:
         assert runner.command(run)[0][-4:] == [
-            "grpokit.cli",
+            "grpokit",
             "train",
             "--config",
             str(runner.run_dir(run) / "resolved.yaml"),

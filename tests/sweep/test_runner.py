@@ -48,7 +48,7 @@ def test_each_run_gets_its_overlay_and_resolved_config_and_the_fit_command(tmp_p
     assert resolved["model"]["lr"] == 3.0e-4 and resolved["run_name"] == run.id and resolved["data"]["batch_size"] == 32
     command, resumed_from = sweep.command(run)
     assert (
-        command[-4:] == ["grpokit.cli", "fit", "--config", str(sweep.run_dir(run) / "resolved.yaml")]
+        command[-4:] == ["grpokit", "fit", "--config", str(sweep.run_dir(run) / "resolved.yaml")]
         and resumed_from is None
     )
     (sweep.run_dir(run) / "checkpoints").mkdir()

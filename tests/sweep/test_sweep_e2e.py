@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.cli import main
+from grpokit.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -70,7 +70,7 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_mod
     first, second = "00-loss=AIPO-seed_everything=0", "01-loss=AIPO-seed_everything=1"
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "grpokit", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 300
     while not (

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpokit.common.models import unwrap_peft
 from grpokit.inference.fast.kernels import Kernels, qk_norm_rope
-from grpokit.models import unwrap_peft
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LENGTH_BUCKET = 128  # decode attention reads the cache up to a multiple of this

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from grpokit.cli import main
+from grpokit.main import main
 from grpokit.testing import check_advantage, tiny_fit_argv
 
 SOURCE = '''

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpokit.env import Environment, EnvSpec
-from grpokit.models import load_tokenizer
+from grpokit.common.models import load_tokenizer
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.steps import token_step_ends
 from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.registry.advantages.process import Process

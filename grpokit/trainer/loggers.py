@@ -13,7 +13,7 @@ from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from grpokit.io import atomic_write_text
+from grpokit.common.io import atomic_write_text
 
 
 class _AppendingWriter(ExperimentWriter):

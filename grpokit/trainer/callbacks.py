@@ -10,7 +10,7 @@ from pathlib import Path
 import lightning as L
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.checksums import tensors_sha256
+from grpokit.common.checksums import tensors_sha256
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class RankChecksums(L.Callback):
     A check that DDP ranks stay identical (they must: every rank applies the same all-reduced gradient),
     and that what rank 0 publishes is what every rank trains. Under FSDP2 each rank holds a shard, so
     only rank 0 writes (the gathered weights it publishes). Add it with
-    `--trainer.callbacks+=grpokit.callbacks.RankChecksums`; it costs one copy of the trainable weights
+    `--trainer.callbacks+=grpokit.trainer.callbacks.RankChecksums`; it costs one copy of the trainable weights
     per step.
     """
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import yaml
 from jsonargparse import Namespace
 
-COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.components.KINDS)
+COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.cli.discovery.KINDS)
     "model.loss": "loss",
     "model.noise_scheduler": "noise",
     "data.advantage": "advantage",
@@ -301,7 +301,7 @@ def _component_names(argv: list[str]):
 def check_component_names(argv: list[str]) -> None:
     """Raise ValueError for a short component name (no dots) that no registered class of the key's kind
     has, naming the key, the closest names and where to list them. Class paths are left to jsonargparse."""
-    from grpokit.components import components
+    from grpokit.cli.discovery import components
 
     for source, key, name in _component_names(argv):
         kind = COMPONENT_KEYS[key]

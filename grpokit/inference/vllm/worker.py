@@ -1,6 +1,6 @@
 """vLLM worker extension: grpokit's NCCLBroadcast received inside vLLM's own worker process.
 
-vLLM loads it with `--worker-extension-cls grpokit.inference.vllm_worker.NCCLWeightReceiver` (added by
+vLLM loads it with `--worker-extension-cls grpokit.inference.vllm.worker.NCCLWeightReceiver` (added by
 `grpokit infer` when `broadcast: VLLMNCCLBroadcast`), which mixes these methods into its worker class;
 VLLMNCCLBroadcast calls them through vLLM's `POST /collective_rpc` (served with VLLM_SERVER_DEV_MODE=1):
 
@@ -12,7 +12,7 @@ VLLMNCCLBroadcast calls them through vLLM's `POST /collective_rpc` (served with 
   own `load_weights` inside vLLM's layerwise reload, as vLLM's NCCL weight transfer does, then vLLM's
   LoRA state is reset; a LoRA update is written as a peft adapter folder on the server's disk
   (`adapter_dir/step_N`) for `/v1/load_lora_adapter`, so no shared filesystem is needed. QeRL's noisy
-  RMSNorm weights (`update.norm_tensors`, grpokit.norm_noise) go into vLLM's own norm parameters in both
+  RMSNorm weights (`update.norm_tensors`, grpokit.common.noisy_norms) go into vLLM's own norm parameters in both
   modes: loaded with the full weights in the same reload, where they replace the clean norms, or, with a
   LoRA update, by the model's `load_weights` with just those tensors (the adapter goes the LoRA way).
   Returns {"step", "lora_path", "lora_config", "sha256" of the received tensors, "norms_sha256" of the
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from grpokit.broadcast.nccl import NCCLBroadcast, as_bytes
-from grpokit.checksums import tensors_sha256
-from grpokit.io import atomic_save_tensors, atomic_write_json
+from grpokit.common.checksums import tensors_sha256
+from grpokit.common.io import atomic_save_tensors, atomic_write_json
 
 KEEP_ADAPTERS = 3  # adapter folders kept on the server's disk; vLLM reads each once, when it is loaded
 

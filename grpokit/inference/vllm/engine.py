@@ -1,7 +1,7 @@
 """VLLMEngine: RemoteEngine for vLLM's OpenAI server, hot-loading each step's LoRA adapter.
 
-`grpokit infer` starts the server when `serve` is set (grpokit.inference.vllm_server), and so does
-`grpokit fit`, which then samples from it (grpokit.inference.vllm_launch); otherwise start it yourself,
+`grpokit infer` starts the server when `serve` is set (grpokit.inference.vllm.server), and so does
+`grpokit fit`, which then samples from it (grpokit.inference.vllm.launch); otherwise start it yourself,
 with LoRA and runtime adapter loading on:
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m vllm.entrypoints.openai.api_server \\
@@ -14,7 +14,7 @@ completion is read from the adapter name it echoes in `model` (the base model na
 fresh LoRA adapter is zero, so the base weights are the step-0 policy).
 
 Full-weights updates reach vLLM only through `broadcast: VLLMNCCLBroadcast`, which loads them into
-vLLM's worker (grpokit.inference.vllm_worker); the engine then serves the base name with that step and
+vLLM's worker (grpokit.inference.vllm.worker); the engine then serves the base name with that step and
 resets the prefix cache. Over the filesystem broadcast they are refused (vLLM hot-loads only LoRA
 adapters from disk). Departures from the builtin engine: vLLM's logprobs are of the raw model
 distribution unless the server runs with `--logprobs-mode processed_logprobs`, which matters for
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 
 from grpokit.inference.remote import RemoteEngine, RemoteError
-from grpokit.inference.vllm_server import VLLMServe
+from grpokit.inference.vllm.server import VLLMServe
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.models import unwrap_peft
+from grpokit.common.models import unwrap_peft
 
 NOISE_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: distinct (seed, step) pairs get distinct generator seeds
 

@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from grpokit.prefix_tree import prefix_tree
+from grpokit.trainer.prefix_tree import prefix_tree
 
 
 def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -173,22 +173,22 @@ def packed_token_logprobs(
     `with_entropy`, also returns the entropy of each token's predictive distribution (same alignment;
     0 at sequence starts): H = logsumexp(l) - sum softmax(l) * l.
 
-    Attention: with the model on grpokit's varlen backend (grpokit.varlen.use_varlen), sequences are
+    Attention: with the model on grpokit's varlen backend (grpokit.trainer.varlen.use_varlen), sequences are
     separated by cumulative lengths; otherwise by a dense [T, T] block-diagonal mask.
     Which tokens: `needed_T` (bool or 0/1, [T]) names the tokens whose logprob is wanted, e.g. the loss
     mask; the LM head and the softmax run only on the positions that predict them (transformers'
     `logits_to_keep`), and every other token gets 0. Prompt tokens are most of a short-answer batch,
     and the head is a fifth of a small model's compute. None = every token.
     Memory: `chunk_size` > 0 computes logits from the final hidden states `chunk_size` tokens at a time
-    (grpokit.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
+    (grpokit.trainer.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     The whole computation runs inside the model's own forward, so it works on FSDP2-sharded models.
     Prefixes: `share_prefixes` runs the model once per distinct prefix of the packed sequences (a GRPO
-    micro-batch repeats each prompt G times; grpokit.prefix_tree), with the same values and gradients;
+    micro-batch repeats each prompt G times; grpokit.trainer.prefix_tree), with the same values and gradients;
     it needs the dense attention path.
     """
-    from grpokit.models import unwrap_peft
-    from grpokit.varlen import NAME as VARLEN
+    from grpokit.common.models import unwrap_peft
+    from grpokit.trainer.varlen import NAME as VARLEN
 
     lm = unwrap_peft(model)
     device = input_ids_T.device

@@ -1,6 +1,6 @@
 """Starting and stopping the vLLM OpenAI server that VLLMEngine talks to (`inference.init_args.serve`).
 
-`grpokit infer` (and `grpokit fit`, for the length of the run: grpokit.inference.vllm_launch) with
+`grpokit infer` (and `grpokit fit`, for the length of the run: grpokit.inference.vllm.launch) with
 `inference: VLLMEngine` and `serve` set runs `vllm serve` as a child process on `server.host:server.port`,
 with the recipe's options, refusing a port something already listens on, waits until `/v1/models` lists
 the served model, and stops it cleanly on SIGTERM or Ctrl-C (SIGTERM to vLLM, then SIGKILL to its whole
@@ -11,7 +11,7 @@ Defaults follow the recipe: `--dtype` is model.dtype (the trainer's logprobs are
 LoRA is on when model.lora is set with `--max-lora-rank` the smallest vLLM accepts >= model.lora.rank,
 and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for the engine's hot reload.
 `gpu_memory_utilization` left unset is vLLM's default for a server with GPUs of its own; with
-`colocate` (the trainer shares the GPUs) it is what grpokit.memory's estimate of the trainer leaves.
+`colocate` (the trainer shares the GPUs) it is what grpokit.inference.vllm.memory's estimate of the trainer leaves.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class VLLMServe:
         max_lora_rank: largest adapter rank (--max-lora-rank); null = the smallest vLLM accepts >= model.lora.rank.
         max_loras: adapters resident at once; VLLMEngine loads a step's adapter before unloading the last: >= 2.
         gpu_memory_utilization: share of each GPU vLLM takes (--gpu-memory-utilization); null = vLLM's
-            default, or with `colocate` what the trainer's estimated memory leaves (grpokit.memory).
+            default, or with `colocate` what the trainer's estimated memory leaves (grpokit.inference.vllm.memory).
         colocate: the trainer runs on the same GPUs.
         enforce_eager: no CUDA graphs (--enforce-eager): less memory, slower decoding.
         dtype: --dtype; null = model.dtype.
@@ -312,15 +312,16 @@ def start_vllm(
     worker_extension: str | None = None,
 ) -> VLLMServer:
     """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
-    from grpokit.memory import GIB, colocated_share, policy_trainer_bytes
-    from grpokit.models import resolve_model
+    from grpokit.common.models import resolve_model
+    from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
 
     utilization = None
     if serve.colocate and serve.gpu_memory_utilization is None:
         utilization = colocated_share(policy, seq_len)
         if utilization is not None:
             log.info(
-                "co-located: the trainer needs ~%.1f GiB (grpokit.memory); vLLM gets gpu_memory_utilization %s",
+                "co-located: the trainer needs ~%.1f GiB (grpokit.inference.vllm.memory); "
+                "vLLM gets gpu_memory_utilization %s",
                 policy_trainer_bytes(policy, seq_len)["total"] / GIB,
                 utilization,
             )

@@ -16,7 +16,7 @@ Design, for a step with M micro-batches on W ranks:
 - The step's loss and per-micro-batch metrics are gathered from every rank (JSON bytes), so each rank's
   numerics guard takes the same decision and rank 0 logs the whole step.
 - Only rank 0 runs the engine and the orchestrator (`grpokit fit`) and publishes weights.
-- FSDP2 (`trainer.strategy: fsdp2`, grpokit.fsdp) follows the same plan; there every rank runs as many
+- FSDP2 (`trainer.strategy: fsdp2`, grpokit.trainer.fsdp) follows the same plan; there every rank runs as many
   micro-batches as the busiest one and joins the gather of the weights rank 0 publishes.
 """
 
@@ -114,7 +114,7 @@ def gather_step(
 
 FSDP1_REFUSAL = (
     "trainer.strategy fsdp (Lightning's FSDP1): use trainer.strategy: fsdp2, grpokit's FSDP2 strategy "
-    "(grpokit.fsdp; shards each decoder layer, runs on CUDA and on CPU)"
+    "(grpokit.trainer.fsdp; shards each decoder layer, runs on CUDA and on CPU)"
 )
 DEEPSPEED_REFUSAL = (
     "grpokit trains on several processes with DDP (trainer.strategy: ddp; every rank holds the whole model) "

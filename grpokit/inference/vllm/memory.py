@@ -58,7 +58,7 @@ def model_shape(
     """Read the shape of `model` (alias, HF id or folder) by building it on the meta device (no weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from grpokit.models import resolve_model
+    from grpokit.common.models import resolve_model
 
     config = AutoConfig.from_pretrained(resolve_model(model))
     with torch.device("meta"):
@@ -114,7 +114,7 @@ def colocated_gpu_memory_utilization(trainer_total: int, gpu_bytes: int) -> floa
     if utilization < MIN_UTILIZATION:
         raise ValueError(
             f"the trainer needs an estimated {trainer_total / GIB:.1f} GiB of the GPU's "
-            f"{gpu_bytes / GIB:.1f} GiB, leaving vLLM {max(utilization, 0):.0%} (grpokit.memory): set "
+            f"{gpu_bytes / GIB:.1f} GiB, leaving vLLM {max(utilization, 0):.0%} (grpokit.inference.vllm.memory): set "
             "inference.init_args.serve.gpu_memory_utilization yourself, or shrink the trainer (data.seq_len, "
             "model.gradient_checkpointing, model.logprob_chunk_size), or give vLLM GPUs of its own"
         )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpokit.fsdp import full_tensors
+from grpokit.trainer.fsdp import full_tensors
 
 
 @dataclass

@@ -200,7 +200,7 @@ class LoadWeights(L.Callback):
                 f"({unexpected[:3]}): was it written with another model or LoRA setup?"
             )
         if getattr(pl_module, "sharded", False):  # FSDP2: every rank loads its shards of the full tensors
-            from grpokit.fsdp import load_full_state_dict
+            from grpokit.trainer.fsdp import load_full_state_dict
 
             load_full_state_dict(pl_module, state)
             return

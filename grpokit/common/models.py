@@ -87,14 +87,14 @@ def load_causal_lm(
     """Load the causal LM for `name` (alias, HF id or path).
 
     With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
-    `device` (grpokit.quantization); otherwise `device` is ignored and the model loads on the CPU.
+    `device` (grpokit.trainer.quantization); otherwise `device` is ignored and the model loads on the CPU.
     """
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name)
     kwargs = {}
     if quantization is not None:
-        from grpokit.quantization import nf4_config
+        from grpokit.trainer.quantization import nf4_config
 
         kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
     try:

@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
-from grpokit.inference.requests import RequestError, SamplingRequest, field, parse_messages, parse_prompts
+from grpokit.inference.server.requests import RequestError, SamplingRequest, field, parse_messages, parse_prompts
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 2**20

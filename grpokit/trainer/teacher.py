@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.models import load_causal_lm, load_tokenizer
+from grpokit.common.models import load_causal_lm, load_tokenizer
 
 
 def load_teacher(name: str, policy_name: str, dtype: torch.dtype) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""Parsing and validating the bodies of OpenAI API requests for grpokit's server (grpokit.inference.server):
+"""Parsing and validating the bodies of OpenAI API requests for grpokit's server (grpokit.inference.server.http):
 typed fields with errors that name the field, the sampling parameters, chat messages and prompts.
 Anything the server cannot honour is refused (400), never silently ignored."""
 

@@ -7,7 +7,7 @@ import logging
 import math
 from pathlib import Path
 
-from grpokit.io import atomic_write_bytes
+from grpokit.common.io import atomic_write_bytes
 from grpokit.transport.codec import encode_batch
 from grpokit.types import TrainingBatch
 

@@ -1,4 +1,4 @@
-"""`grpokit` command line: `fit` (LightningCLI over one YAML recipe) and `registry list`.
+"""GrpoCLI: the LightningCLI behind `grpokit fit | train | infer | orchestrate`, over one YAML recipe.
 
 A recipe has Lightning's sections (model = Policy, data = Orchestrator, trainer) plus `inference` (the
 engine), `broadcast` (trainer -> engine weights), `output_dir` and `run_name`. Each run writes
@@ -8,9 +8,7 @@ rollouts/ and broadcasts/ folders the roles talk through.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,8 +18,17 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.callbacks import ShareBaseWeights, WeightSync
-from grpokit.checkpoint import (
+from grpokit.cli.component_args import reset_carried_init_args
+from grpokit.cli.errors import GrpoArgumentParser
+from grpokit.cli.roles import ServerSettings, first_unsent_step
+from grpokit.common.models import load_tokenizer
+from grpokit.common.noisy_norms import check_engine_accepts_norms
+from grpokit.inference import InferenceEngine
+from grpokit.inference.vllm.launch import start_for_fit
+from grpokit.orchestrator import Orchestrator
+from grpokit.run import Startup
+from grpokit.trainer.callbacks import ShareBaseWeights, WeightSync
+from grpokit.trainer.checkpoint import (
     Checkpointer,
     CheckpointSettings,
     LoadWeights,
@@ -33,53 +40,23 @@ from grpokit.checkpoint import (
     resume_path,
     started_as_other_rank,
 )
-from grpokit.cli_errors import GrpoArgumentParser
-from grpokit.component_args import check_component_names, reset_carried_init_args
-from grpokit.components import clashes, components, discover
-from grpokit.distributed import check_strategy_name, check_trainer_processes
-from grpokit.inference import InferenceEngine
-from grpokit.inference.vllm_launch import start_for_fit
-from grpokit.models import load_tokenizer
-from grpokit.norm_noise import check_engine_accepts_norms
-from grpokit.orchestrator import Orchestrator
-from grpokit.policy import Policy
-from grpokit.progress import use_step_progress_bar
-from grpokit.recipe_files import check_recipe_files
-from grpokit.roles import ServerSettings, first_unsent_step
+from grpokit.trainer.distributed import check_strategy_name, check_trainer_processes
+from grpokit.trainer.policy import Policy
+from grpokit.trainer.progress import use_step_progress_bar
 
 log = logging.getLogger(__name__)
-CSV_LOGGER = "grpokit.loggers.ResumableCSVLogger"
-USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a command's options)
-
-  fit          train in one process: engine, orchestrator and trainer (grpokit fit --config recipe.yaml)
-  train        the trainer of a multi-process run (docs/multi-process.md)
-  orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
-  infer        an inference server (builtin engine or vLLM) of a multi-process run
-  registry     list components: grpokit registry list [KIND]
-  bench        benchmarks: grpokit bench generate|train|step (docs/benchmarks.md)
-  sweep        run a grid of recipes (docs/sweeps.md)
-  report       compare the runs of a sweep
-  rollouts     record a run's batches, or train variants on recorded batches
-"""
-STARTED = [False]  # whether the recipe is parsed, built and wired (main: errors before that print as one line)
-NEW_RUN_DIR: list[Path | None] = [None]  # the run folder this process created, if it did
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # root_cause: which exceptions grpokit raised
-# bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU kernel
-# for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-    lambda record: "kernels-community" not in record.getMessage()
-)
-SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep", "report", "rollouts")
+CSV_LOGGER = "grpokit.trainer.loggers.ResumableCSVLogger"
 
 
 class GrpoCLI(LightningCLI):
     """LightningCLI with grpokit's extra recipe sections and the co-locate wiring for `fit`.
 
     `role` is "fit" (all three roles in this process), "train" (only the trainer), or "infer" /
-    "orchestrate" (parse and build only; grpokit.roles runs them).
+    "orchestrate" (parse and build only; grpokit.cli.roles runs them).
     """
 
     role = "fit"
+    startup = Startup()  # make_cli gives each start its own
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -88,7 +65,7 @@ class GrpoCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse the recipe (as LightningCLI does, minus its warning about `args` beside sys.argv: grpokit
         always passes its own argv), then reset what a swapped component carried over from the class it
-        replaced (grpokit.component_args); `--print_config[=flags]` prints the recipe after that."""
+        replaced (grpokit.cli.component_args); `--print_config[=flags]` prints the recipe after that."""
         printing = [a for a in args if a == "--print_config" or a.startswith("--print_config=")]
         args = [a for a in args if a not in printing]
         self.config = parser.parse_args(args)
@@ -182,7 +159,7 @@ class GrpoCLI(LightningCLI):
             elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
                 self.restart_from = (path, step)
         if not self.run_dir.exists():
-            NEW_RUN_DIR[0] = self.run_dir  # entry removes it again if the start fails before anything is written
+            self.startup.created_run_dir = self.run_dir  # removed again if the start fails before a file is written
         self.run_dir.mkdir(parents=True, exist_ok=True)  # after the checks above: a refused start leaves no folder
         config.trainer.logger = with_csv_logger(
             config.trainer.logger, self.run_dir, self.start_step if resuming else None
@@ -193,7 +170,7 @@ class GrpoCLI(LightningCLI):
     def before_fit(self) -> None:
         use_step_progress_bar(self.trainer)  # "GRPO step 12/50", not Lightning's "Epoch 0/-2"
         self._wire_roles()
-        STARTED[0] = True  # from here on, an error is a training failure: its traceback is printed
+        self.startup.started = True  # from here on, an error is a training failure: its traceback is printed
 
     def _wire_roles(self) -> None:
         config = self.config_init[self.subcommand]
@@ -278,123 +255,10 @@ def with_csv_logger(logger, run_dir: Path, resume_step: int | None):
     return [lg for lg in loggers if "CSVLogger" not in str(getattr(lg, "class_path", ""))] + [csv]
 
 
-def registry_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="grpokit registry", description="List registered components.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("list", help="list components, optionally of one kind")
-    ls.add_argument("kind", nargs="?", help="loss, advantage, filter, noise, transport, broadcast or inference")
-    ls.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/components.md)")
-    ls.add_argument("--builtin", action="store_true", help="only grpokit's own components, not plugins")
-    args = parser.parse_args(argv)
-    found = [c for c in components(args.kind) if not args.builtin or c.class_path.startswith("grpokit.")]
-    print(components_markdown(found) if args.markdown else components_table(found), end="")
-    for line in clashes(found):
-        print(f"error: {line}", file=sys.stderr)
-    return 1 if clashes(found) else 0
-
-
-def components_table(found: list) -> str:
-    width = max((len(c.name) for c in found), default=4)
-    return "".join(f"{c.kind:<10} {c.name:<{width}}  {c.class_path:<55} {c.summary}\n" for c in found)
-
-
-def components_markdown(found: list) -> str:
-    rows = "".join(f"| {c.kind} | `{c.name}` | `{c.class_path}` | {c.summary} |\n" for c in found)
-    return (
-        "# Components\n\n"
-        "Generated by `grpokit registry list --builtin --markdown > docs/components.md`; "
-        "tests/test_docs.py fails when it is stale. A recipe names a component by its short name or class path.\n\n"
-        "| kind | name | class path | summary |\n|---|---|---|---|\n" + rows
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    STARTED[0] = False
-    if argv[:1] == ["bench"]:
-        from grpokit.bench.cli import main as bench_main
-
-        return bench_main(argv[1:])
-    discover()
-    if argv[:1] == ["registry"]:
-        return registry_main(argv[1:])
-    if argv[:1] in (["sweep"], ["report"], ["rollouts"]):
-        from grpokit.sweep import commands
-
-        return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[
-            argv[0]
-        ](argv[1:])
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="")
-        return 0
-    if argv[0] not in SUBCOMMANDS:
-        print(
-            f"{USAGE}grpokit: error: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
-    check_recipe_files(argv)
-    check_component_names(argv)
-    if argv[:1] in (["infer"], ["orchestrate"]):
-        from grpokit import roles
-
-        cli = make_cli(argv[1:], run=False, role=argv[0])
-        STARTED[0] = True
-        return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
-    make_cli(["fit", *argv[1:]], role="train") if argv[0] == "train" else make_cli(argv)
-    return 0
-
-
-def entry(argv: list[str] | None = None) -> int:
-    """The `grpokit` command: `main`, with a ValueError or FileNotFoundError raised before training starts
-    (a bad value, a missing file or checkpoint: the message names the key and the fix) printed as one
-    line instead of a traceback; GRPOKIT_TRACEBACK=1 shows the traceback. Failures during training
-    keep theirs."""
-    NEW_RUN_DIR[0] = None
-    try:
-        return main(argv)
-    except (ValueError, FileNotFoundError) as e:
-        if STARTED[0] or os.environ.get("GRPOKIT_TRACEBACK"):
-            raise
-        print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        remove_if_no_files(NEW_RUN_DIR[0])
-        return 2
-
-
-def remove_if_no_files(folder: Path | None) -> None:
-    """Remove a run folder that a failed start created and left without a single file (empty
-    subfolders only), so failed attempts do not pile up as empty run_<time> folders; one holding a file
-    (a vLLM log, a batch) is kept for diagnosis."""
-    if folder is None or not folder.is_dir() or any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
-        return
-    for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        sub.rmdir()
-    folder.rmdir()
-
-
-def root_cause(e: BaseException) -> BaseException:
-    """The exception to show for `e`: the outermost one in its `raise ... from` chain that grpokit raised
-    (its message names the key and the fix), else the innermost (jsonargparse wraps a component's own
-    ValueError inside its longer one; a library's wrapper hides the real cause)."""
-    chain = [e]
-    while chain[-1].__cause__ is not None:
-        chain.append(chain[-1].__cause__)
-    return next((c for c in chain if raised_in_grpokit(c)), chain[-1])
-
-
-def raised_in_grpokit(e: BaseException) -> bool:
-    """Whether the frame that raised `e` is in grpokit's own source."""
-    tb = e.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR)
-
-
-def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
-    """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked."""
-    cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role}) if role != "fit" else GrpoCLI
+def make_cli(argv: list[str], run: bool = True, role: str = "fit", startup: Startup | None = None) -> GrpoCLI:
+    """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked.
+    `startup` records how far the start got (grpokit.main prints errors before that as one line)."""
+    cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role, "startup": startup or Startup()})
     return cls(
         Policy,
         Orchestrator,
@@ -404,7 +268,3 @@ def make_cli(argv: list[str], run: bool = True, role: str = "fit") -> GrpoCLI:
         save_config_kwargs={"overwrite": True},
         parser_class=GrpoArgumentParser.for_command(f"grpokit {role}"),
     )
-
-
-if __name__ == "__main__":
-    sys.exit(entry())

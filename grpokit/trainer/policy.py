@@ -17,20 +17,20 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from grpokit.distributed import gather_step, rank_and_world, rank_share
-from grpokit.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
-from grpokit.guards import EmptyStepWatch, NonFiniteGuard
-from grpokit.logprobs import packed_token_logprobs
-from grpokit.lora import LoraSettings, adapter_tensors, add_lora
+from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_dtype
+from grpokit.common.noisy_norms import noisy_norms, norm_weights
+from grpokit.common.timeline import record_timeline
 from grpokit.loss import Loss, LossInputs, check_experts
-from grpokit.lr_schedule import lr_factor
-from grpokit.metrics import mismatch_metrics, weighted_mean
-from grpokit.models import compile_decoder_layers, load_causal_lm, parse_dtype
 from grpokit.noise import NoiseScheduler
-from grpokit.norm_noise import noisy_norms, norm_weights
-from grpokit.quantization import build_optimizer, check_nf4, check_optimizer, check_policy_settings
-from grpokit.teacher import load_teacher
-from grpokit.timeline import record_timeline
+from grpokit.trainer.distributed import gather_step, rank_and_world, rank_share
+from grpokit.trainer.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
+from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
+from grpokit.trainer.logprobs import packed_token_logprobs
+from grpokit.trainer.lora import LoraSettings, adapter_tensors, add_lora
+from grpokit.trainer.lr_schedule import lr_factor
+from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
+from grpokit.trainer.quantization import build_optimizer, check_nf4, check_optimizer, check_policy_settings
+from grpokit.trainer.teacher import load_teacher
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
 
@@ -87,19 +87,19 @@ class Policy(L.LightningModule):
                 its logprobs of each micro-batch's tokens, at the sampling temperature, reach the loss as
                 teacher_logprobs_T (AIPO's teacher_tau). Loaded once on first use, eval mode, no gradient.
             attention: how packed sequences are kept apart: "varlen" (per-sequence flash attention from
-                cumulative lengths, grpokit.varlen; no [T, T] mask), "dense" (block-diagonal [T, T] mask),
+                cumulative lengths, grpokit.trainer.varlen; no [T, T] mask), "dense" (block-diagonal [T, T] mask),
                 "auto" = varlen on CUDA, dense on CPU.
             logprob_chunk_size: tokens per chunk when computing log-probabilities from the final hidden
-                states (never a full [tokens, vocab] float32 tensor; grpokit.logprobs.chunked_logprobs);
+                states (never a full [tokens, vocab] float32 tensor; grpokit.trainer.logprobs.chunked_logprobs);
                 0 = full logits; null = 2048 on CUDA, 0 on CPU.
-            compile: torch.compile each decoder layer (grpokit.models.compile_decoder_layers); the first
+            compile: torch.compile each decoder layer (grpokit.common.models.compile_decoder_layers); the first
                 step compiles. Measured on GPU in docs/benchmarks.md.
             activation_memory_budget: with `compile` and without gradient_checkpointing, the fraction
                 (0, 1] of each compiled layer's activations kept for backward; AOTAutograd recomputes
                 the cheapest of the rest (torch._functorch.config.activation_memory_budget). On an H100,
                 0.2 ran a LoRA step 1.55x faster than full checkpointing at 1.2x its memory.
             share_prefixes: run the model once per distinct prefix of a micro-batch's sequences (a tree
-                with an ancestor mask, grpokit.prefix_tree): a GRPO batch repeats each prompt G times.
+                with an ancestor mask, grpokit.trainer.prefix_tree): a GRPO batch repeats each prompt G times.
                 Same logprobs and gradients; needs dense attention. null = on with dense attention and
                 LoRA dropout 0 (with dropout, copies of a prompt would share one dropout mask).
         """
@@ -161,7 +161,7 @@ class Policy(L.LightningModule):
             self._shard(self.trainer.strategy.device_mesh)
 
     def _shard(self, mesh) -> None:
-        """FSDP2 (trainer.strategy: fsdp2): each decoder layer and the root become FSDP units (grpokit.fsdp)."""
+        """FSDP2 (trainer.strategy: fsdp2): each decoder layer and the root become FSDP units (grpokit.trainer.fsdp)."""
         for key, value, why in (
             ("model.quantization", self.quantization, "4-bit weights cannot be sharded by FSDP2 here"),
             ("model.compile", self.compile_layers or None, "compiled layers under FSDP2 are not tested"),
@@ -186,9 +186,9 @@ class Policy(L.LightningModule):
         return device.type == "cuda"
 
     def _set_attention(self, lm: torch.nn.Module) -> torch.nn.Module:
-        """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.varlen)."""
+        """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.trainer.varlen)."""
         if self.attention == "varlen" or (self.attention == "auto" and self._on_cuda()):
-            from grpokit.varlen import use_varlen
+            from grpokit.trainer.varlen import use_varlen
 
             use_varlen(lm)
         return lm
@@ -307,7 +307,7 @@ class Policy(L.LightningModule):
         self, batch: TrainingBatch, opt: torch.optim.Optimizer, received: TrainingBatch | None = None
     ) -> StepResult:
         """One optimizer step on `batch` (on the training device): this rank's share of the micro-batches
-        (grpokit.distributed) forward and backward, the step's loss and metrics gathered from every rank,
+        (grpokit.trainer.distributed) forward and backward, the step's loss and metrics gathered from every rank,
         gradient clipping, and the optimizer step unless the non-finite guard refuses it (it then saves
         `received`, the batch as it arrived, to bad_batches/). What training_step runs and `grpokit bench` times.
         """

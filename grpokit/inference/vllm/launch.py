@@ -1,11 +1,11 @@
 """The recipe's vLLM server (VLLMEngine's `serve`), as `grpokit infer` and `grpokit fit` start it.
 
-Both start it the same way (grpokit.inference.vllm_server.start_vllm): on `server.host:server.port`,
+Both start it the same way (grpokit.inference.vllm.server.start_vllm): on `server.host:server.port`,
 with the broadcast's worker extension when it has one (`VLLMNCCLBroadcast`), refusing a port that
 something already listens on, and waiting until `/v1/models` lists the served model. SIGTERM while it
 starts stops it like Ctrl-C (SIGTERM to vLLM, SIGKILL to its process group after `stop_timeout`).
 
-`grpokit infer` then keeps it up until stopped (grpokit.roles.infer_vllm). `grpokit fit` keeps it for
+`grpokit infer` then keeps it up until stopped (grpokit.cli.roles.infer_vllm). `grpokit fit` keeps it for
 the run: global rank 0 starts it, points its VLLMEngine (and a VLLMNCCLBroadcast) at it, and the
 StopVLLM callback stops it when fit ends, fails or is interrupted. If grpokit itself is killed, Linux
 sends vLLM SIGTERM (vllm_server's death signal), so no server outlives the run.
@@ -21,7 +21,7 @@ import threading
 import lightning as L
 import torch
 
-from grpokit.inference.vllm_server import VLLMServer, start_vllm
+from grpokit.inference.vllm.server import VLLMServer, start_vllm
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Checksums of tensors, to show that two processes hold bit-identical weights (DDP ranks, an engine
-and the trainer). Needs only torch: vLLM's worker process imports it too (grpokit.inference.vllm_worker)."""
+and the trainer). Needs only torch: vLLM's worker process imports it too (grpokit.inference.vllm.worker)."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from grpokit.common.models import load_tokenizer
+from grpokit.common.noisy_norms import check_engine_accepts_norms
 from grpokit.inference import InferenceEngine
-from grpokit.models import load_tokenizer
-from grpokit.norm_noise import check_engine_accepts_norms
 from grpokit.orchestrator.weights import weight_source
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class ServerSettings:
 def infer(cli) -> int:
     """Serve the recipe's model, loading each newly published step from the run's broadcast."""
     from grpokit.inference.builtin import BuiltinEngine
-    from grpokit.inference.server import serve
+    from grpokit.inference.server.http import serve
 
     config = cli.config_init
     settings: ServerSettings = config["server"]
@@ -77,11 +77,11 @@ def infer_vllm(cli, engine, settings: ServerSettings) -> int:
     """Run vLLM's server (inference.init_args.serve) on server.host:server.port until SIGTERM or Ctrl-C.
 
     The orchestrator's VLLMEngine hot-loads each step's adapter into it (or, with `broadcast:
-    VLLMNCCLBroadcast`, has vLLM's worker, extended by grpokit.inference.vllm_worker, receive the weights);
+    VLLMNCCLBroadcast`, has vLLM's worker, extended by grpokit.inference.vllm.worker, receive the weights);
     this process only keeps the server up, forwards the stop signal and reports a server that died on its
     own (its exit code).
     """
-    from grpokit.inference.vllm_launch import start_recipe_vllm
+    from grpokit.inference.vllm.launch import start_recipe_vllm
 
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
     server = None

@@ -7,14 +7,14 @@ the model before grpokit can see it; FSDP2 shards inside `Policy.configure_model
 and on CPU (gloo, which is how CI tests it), and keeps parameter names unchanged, so checkpoints,
 adapters and published weights look exactly as on one device.
 
-What sharding changes in a GRPO step (the rest is the DDP design of grpokit.distributed):
+What sharding changes in a GRPO step (the rest is the DDP design of grpokit.trainer.distributed):
 - Each decoder layer is one FSDP unit (`shard_model`): its parameters are all-gathered for its forward
   and backward and freed after, and gradients are reduce-scattered (averaged over ranks, as DDP does).
 - Every forward and backward is a collective, so every rank runs the same number of micro-batches
   (`rank_share(..., equal=True)` pads with zero-loss stand-ins) and only the last one reduce-scatters
   (`set_requires_gradient_sync`).
 - Publishing needs the full weights: every rank joins `full_state_dict` (an all-gather; rank 0 gets the
-  tensors on the CPU, the others nothing) and rank 0 publishes (grpokit.callbacks.WeightSync).
+  tensors on the CPU, the others nothing) and rank 0 publishes (grpokit.trainer.callbacks.WeightSync).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
-from grpokit.models import decoder_layers
+from grpokit.common.models import decoder_layers
 
 
 class FSDP2Strategy(ModelParallelStrategy):

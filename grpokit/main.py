@@ -1,0 +1,135 @@
+"""The `grpokit` program: one entry point that dispatches to the recipe commands (fit, train, infer,
+orchestrate: grpokit.cli), the registry listing, and the tools built on the recipe CLI (sweep, report,
+rollouts: grpokit.sweep; bench: grpokit.bench). It sits above them all, so none of them imports it and
+the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import grpokit
+from grpokit.bench.command import main as bench_main
+from grpokit.cli import make_cli, roles
+from grpokit.cli.component_args import check_component_names
+from grpokit.cli.discovery import discover
+from grpokit.cli.recipe_files import check_recipe_files
+from grpokit.cli.registry_cmd import registry_main
+from grpokit.run import Startup
+from grpokit.sweep import commands
+
+USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a command's options)
+
+  fit          train in one process: engine, orchestrator and trainer (grpokit fit --config recipe.yaml)
+  train        the trainer of a multi-process run (docs/multi-process.md)
+  orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
+  infer        an inference server (builtin engine or vLLM) of a multi-process run
+  registry     list components: grpokit registry list [KIND]
+  bench        benchmarks: grpokit bench generate|train|step (docs/benchmarks.md)
+  sweep        run a grid of recipes (docs/sweeps.md)
+  report       compare the runs of a sweep
+  rollouts     record a run's batches, or train variants on recorded batches
+"""
+SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep", "report", "rollouts")
+PACKAGE_DIR = os.path.dirname(os.path.abspath(grpokit.__file__)) + os.sep  # root_cause: which errors grpokit raised
+
+
+def _not_the_bitsandbytes_cpu_kernel_notice(record: logging.LogRecord) -> bool:
+    return "kernels-community" not in record.getMessage()
+
+
+def quiet_bitsandbytes_cpu_warning() -> None:
+    """bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU
+    kernel for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise. The
+    filter is one function object, so calling this again adds nothing."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_bitsandbytes_cpu_kernel_notice)
+
+
+def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
+    """Run one `grpokit` command; `startup` records how far a recipe command got (entry reads it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    startup = startup or Startup()
+    quiet_bitsandbytes_cpu_warning()
+    if argv[:1] == ["bench"]:
+        return bench_main(argv[1:])
+    discover()
+    if argv[:1] == ["registry"]:
+        return registry_main(argv[1:])
+    if argv[:1] in (["sweep"], ["report"], ["rollouts"]):
+        return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[
+            argv[0]
+        ](argv[1:])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    if argv[0] not in SUBCOMMANDS:
+        print(
+            f"{USAGE}grpokit: error: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    check_recipe_files(argv)
+    check_component_names(argv)
+    if argv[:1] in (["infer"], ["orchestrate"]):
+        cli = make_cli(argv[1:], run=False, role=argv[0], startup=startup)
+        startup.started = True
+        return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
+    if argv[0] == "train":
+        make_cli(["fit", *argv[1:]], role="train", startup=startup)
+    else:
+        make_cli(argv, startup=startup)
+    return 0
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """The `grpokit` command: `main`, with a ValueError or FileNotFoundError raised before training starts
+    (a bad value, a missing file or checkpoint: the message names the key and the fix) printed as one
+    line instead of a traceback; GRPOKIT_TRACEBACK=1 shows the traceback. Failures during training
+    keep theirs."""
+    startup = Startup()
+    try:
+        return main(argv, startup)
+    except (ValueError, FileNotFoundError) as e:
+        if startup.started or os.environ.get("GRPOKIT_TRACEBACK"):
+            raise
+        print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        remove_if_no_files(startup.created_run_dir)
+        return 2
+
+
+def remove_if_no_files(folder: Path | None) -> None:
+    """Remove a run folder that a failed start created and left without a single file (empty
+    subfolders only), so failed attempts do not pile up as empty run_<time> folders; one holding a file
+    (a vLLM log, a batch) is kept for diagnosis."""
+    if folder is None or not folder.is_dir() or any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+        return
+    for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        sub.rmdir()
+    folder.rmdir()
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The exception to show for `e`: the outermost one in its `raise ... from` chain that grpokit raised
+    (its message names the key and the fix), else the innermost (jsonargparse wraps a component's own
+    ValueError inside its longer one; a library's wrapper hides the real cause)."""
+    chain = [e]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    return next((c for c in chain if raised_in_grpokit(c)), chain[-1])
+
+
+def raised_in_grpokit(e: BaseException) -> bool:
+    """Whether the frame that raised `e` is in grpokit's own source."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR)
+
+
+if __name__ == "__main__":
+    sys.exit(entry())
