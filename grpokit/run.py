@@ -1,4 +1,5 @@
-"""The state of one `grpokit` start, shared by the command (grpokit.main) and the recipe CLI.
+"""One run as every role sees it: the start's state, the run folder and resume point, and the engine
+wiring that fit, infer and orchestrate share (one path, written once).
 
 `Startup` replaces two module-level globals: whether the recipe is parsed, built and wired (errors
 before that are a bad value or a missing file, printed as one line; errors after it are training
@@ -8,8 +9,23 @@ start fails before writing a file).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from grpokit.common.models import load_tokenizer
+from grpokit.common.noisy_norms import check_engine_accepts_norms
+from grpokit.trainer.checkpoint import (
+    archive_unfinished_attempt,
+    check_no_earlier_run,
+    checkpoint_steps,
+    newest_archive,
+    resume_path,
+    started_as_other_rank,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -18,3 +34,79 @@ class Startup:
 
     started: bool = False
     created_run_dir: Path | None = None
+
+
+@dataclass
+class RunContext:
+    """Where a run lives and where this process starts in it: what every role's wiring reads.
+
+    Attributes:
+        run_dir: `{output_dir}/{run_name}`, shared by the processes of a run.
+        run_name_given: whether the recipe named the run (several trainer processes must).
+        start_step: the first step this process trains or produces (a resumed run's checkpoint step).
+        resuming: ckpt.resume_step continues the count (not ckpt.skip_progress).
+        restart_from: ckpt.skip_progress: (checkpoint, its step), whose weights start a new count.
+        restore_buffer: restore the easy/hard pools of start_step (not ckpt.skip_buffer).
+    """
+
+    run_dir: Path
+    run_name_given: bool
+    start_step: int = 0
+    resuming: bool = False
+    restart_from: tuple[Path, int] | None = None
+    restore_buffer: bool = True
+
+
+def open_run(config, role: str, trains: bool, startup: Startup) -> RunContext:
+    """The run folder and resume point of a parsed recipe (`config`: its run_name, output_dir, ckpt),
+    checked before anything is built: a fresh trainer refuses a folder with an earlier run's checkpoints,
+    a fresh fit archives an attempt that stopped before its first checkpoint. Creates the folder last, so
+    a refused start leaves none; `startup` records a folder it created. `trains`: this process runs the
+    Lightning trainer (fit, train), which loads the checkpoint itself (config.ckpt_path is set)."""
+    if role != "fit" and not config.run_name:
+        raise ValueError(
+            f"grpokit {role} needs --run_name: the processes of a run share the folder output_dir/run_name"
+        )
+    run = RunContext(run_dir=Path(config.output_dir) / (config.run_name or time.strftime("run_%Y%m%d-%H%M%S")),
+                     run_name_given=bool(config.run_name), restore_buffer=not config.ckpt.skip_buffer)  # fmt: skip
+    config.run_name = run.run_dir.name
+    if role in ("fit", "train") and config.ckpt.resume_step is None and not started_as_other_rank():
+        check_no_earlier_run(run.run_dir)
+        if role == "fit" and (archive := archive_unfinished_attempt(run.run_dir)):
+            log.warning(
+                "%s held batches of an earlier attempt that stopped before its first checkpoint; moved them to %s",
+                run.run_dir,
+                archive,
+            )
+    run.resuming = config.ckpt.resume_step is not None and not config.ckpt.skip_progress
+    if config.ckpt.resume_step is not None and (run.resuming or trains):
+        path, step = resume_path(_checkpoint_folder(run.run_dir, config.ckpt.skip_progress), config.ckpt.resume_step)
+        if run.resuming:
+            run.start_step = step
+        if trains and run.resuming:  # the trainer's process loads the checkpoint
+            config.ckpt_path, config.weights_only = str(path), True  # tensors and plain data: nothing is unpickled
+        elif trains:  # skip_progress: weights only, and a new count
+            run.restart_from = (path, step)
+    if not run.run_dir.exists():
+        startup.created_run_dir = run.run_dir  # removed again if the start fails before a file is written
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def _checkpoint_folder(run_dir: Path, skip_progress: bool) -> Path:
+    """Where the checkpoint to resume from is: checkpoints/, or, on a DDP rank > 0 restarting the count
+    (ckpt.skip_progress), the archive rank 0 moved the earlier count's checkpoints to before this rank started."""
+    folder = run_dir / "checkpoints"
+    if skip_progress and not checkpoint_steps(folder) and started_as_other_rank():
+        return newest_archive(run_dir) / "checkpoints"
+    return folder
+
+
+def start_engine(engine, broadcast, policy, run_dir: Path):
+    """The engine side of every role that samples (fit, infer, orchestrate), in one order: refuse QeRL
+    norms the engine cannot take, open the broadcast in the run folder, load the policy's model into the
+    engine. Returns the policy's tokenizer."""
+    check_engine_accepts_norms(engine, policy.noise_scheduler, broadcast)
+    broadcast.setup(run_dir)
+    engine.setup(policy.model_name)
+    return load_tokenizer(policy.model_name)

@@ -49,3 +49,42 @@ def _discover_components():
 
     discover()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+# The unit subset (`python3 -m pytest -q -m unit tests`, about a minute on 2 cores): loss/advantage/filter
+# math, codecs and transports, the registry and contracts, recipe parsing and errors, packing and
+# prompt order, the package layout. Everything under a listed folder is in it; add fast new files here.
+UNIT_PATHS = (
+    "registry/",
+    "transport/",
+    "envs/",
+    "test_kl.py",
+    "test_normalization.py",
+    "test_contracts.py",
+    "test_prefix_tree.py",
+    "test_metrics.py",
+    "test_logprobs.py",
+    "test_recipes.py",
+    "test_registry.py",
+    "test_layout.py",
+    "test_component_args.py",
+    "test_config_errors.py",
+    "orchestrator/test_packing.py",
+    "orchestrator/test_batching.py",
+    "orchestrator/test_schedules.py",
+    "orchestrator/test_experts.py",
+    "orchestrator/test_pools.py",
+    "orchestrator/test_prompts.py",
+    "inference/test_logits_processors.py",
+    "broadcast/test_cuda_ipc_codec.py",
+    "broadcast/test_filesystem.py",
+    "sweep/test_spec.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        relative = Path(item.fspath).relative_to(tests).as_posix()
+        if any(relative == p or (p.endswith("/") and relative.startswith(p)) for p in UNIT_PATHS):
+            item.add_marker(pytest.mark.unit)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,24 +20,16 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
-from grpokit.common.models import load_tokenizer
-from grpokit.common.noisy_norms import check_engine_accepts_norms
 from grpokit.inference import InferenceEngine
 from grpokit.inference.vllm.launch import start_for_fit
 from grpokit.orchestrator import Orchestrator
-from grpokit.run import Startup
+from grpokit.run import RunContext, Startup, open_run, start_engine
 from grpokit.trainer.callbacks import ShareBaseWeights, WeightSync
 from grpokit.trainer.checkpoint import (
     Checkpointer,
     CheckpointSettings,
     LoadWeights,
     archive_progress,
-    archive_unfinished_attempt,
-    check_no_earlier_run,
-    checkpoint_steps,
-    newest_archive,
-    resume_path,
-    started_as_other_rank,
 )
 from grpokit.trainer.distributed import check_strategy_name, check_trainer_processes
 from grpokit.trainer.policy import Policy
@@ -57,6 +48,7 @@ class GrpoCLI(LightningCLI):
 
     role = "fit"
     startup = Startup()  # make_cli gives each start its own
+    run: RunContext  # set by before_instantiate_classes
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -124,45 +116,11 @@ class GrpoCLI(LightningCLI):
             raise ValueError(
                 f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}"
             )
-        if self.role != "fit" and not config.run_name:
-            raise ValueError(
-                f"grpokit {self.role} needs --run_name: the processes of a run share the folder output_dir/run_name"
-            )
-        self.run_name_given = bool(config.run_name)
-        run_name = config.run_name or time.strftime("run_%Y%m%d-%H%M%S")
-        config.run_name = run_name
-        self.run_dir = Path(config.output_dir) / run_name
         check_strategy_name(config.trainer.strategy)
-        if self.role in ("fit", "train") and config.ckpt.resume_step is None and not started_as_other_rank():
-            check_no_earlier_run(self.run_dir)
-            if self.role == "fit" and (archive := archive_unfinished_attempt(self.run_dir)):
-                log.warning(
-                    "%s held batches of an earlier attempt that stopped before its first checkpoint; moved them to %s",
-                    self.run_dir,
-                    archive,
-                )
-        config.trainer.default_root_dir = str(self.run_dir)
-        self.start_step, self.restart_from = 0, None
-        self.restore_buffer = not config.ckpt.skip_buffer
-        resuming = config.ckpt.resume_step is not None and not config.ckpt.skip_progress
-        if config.ckpt.resume_step is not None and (resuming or self.subcommand):
-            folder = self.run_dir / "checkpoints"
-            if config.ckpt.skip_progress and not checkpoint_steps(folder) and started_as_other_rank():
-                folder = (
-                    newest_archive(self.run_dir) / "checkpoints"
-                )  # rank 0 archived the earlier count before starting this rank
-            path, step = resume_path(folder, config.ckpt.resume_step)
-            if resuming:
-                self.start_step = step
-            if self.subcommand and resuming:  # the trainer's process loads the checkpoint
-                config.ckpt_path, config.weights_only = str(path), True  # tensors and plain data: nothing is unpickled
-            elif self.subcommand:  # skip_progress: weights only, and a new count (before_fit)
-                self.restart_from = (path, step)
-        if not self.run_dir.exists():
-            self.startup.created_run_dir = self.run_dir  # removed again if the start fails before a file is written
-        self.run_dir.mkdir(parents=True, exist_ok=True)  # after the checks above: a refused start leaves no folder
+        self.run = open_run(config, self.role, trains=bool(self.subcommand), startup=self.startup)
+        config.trainer.default_root_dir = str(self.run.run_dir)
         config.trainer.logger = with_csv_logger(
-            config.trainer.logger, self.run_dir, self.start_step if resuming else None
+            config.trainer.logger, self.run.run_dir, self.run.start_step if self.run.resuming else None
         )
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -173,38 +131,36 @@ class GrpoCLI(LightningCLI):
         self.startup.started = True  # from here on, an error is a training failure: its traceback is printed
 
     def _wire_roles(self) -> None:
-        config = self.config_init[self.subcommand]
-        check_trainer_processes(self.trainer, self.run_name_given)
-        if self.restart_from is not None:
-            self._restart_count(*self.restart_from)
+        config, run = self.config_init[self.subcommand], self.run
+        check_trainer_processes(self.trainer, run.run_name_given)
+        if run.restart_from is not None:
+            self._restart_count(*run.restart_from)
         if self.role == "train" or not self.trainer.is_global_zero:
             # batches come from `grpokit orchestrate` (or, on DDP ranks > 0, from rank 0); rank 0 publishes weights
-            config["broadcast"].setup(self.run_dir)
+            config["broadcast"].setup(run.run_dir)
             self._discard_stale_weights(config["broadcast"])
-            self.datamodule.connect_trainer(self.run_dir, self.trainer.max_steps, self.start_step)
+            self.datamodule.connect_trainer(run.run_dir, self.trainer.max_steps, run.start_step)
             self.trainer.callbacks.append(WeightSync(config["broadcast"]))
             self._add_checkpointer(config)
             return
         engine: InferenceEngine = config["inference"]
         broadcast: WeightBroadcast = config["broadcast"]
-        check_engine_accepts_norms(engine, self.model.noise_scheduler, broadcast)
-        broadcast.setup(self.run_dir)
+        tokenizer = start_engine(engine, broadcast, self.model, run.run_dir)
         self._discard_stale_weights(broadcast)
-        engine.setup(self.model.model_name)
         self.datamodule.connect(
             engine,
             broadcast,
-            load_tokenizer(self.model.model_name),
-            self.run_dir,
+            tokenizer,
+            run.run_dir,
             self.trainer.max_steps,
-            self.start_step,
-            self.restore_buffer,
+            run.start_step,
+            run.restore_buffer,
+            # DDP: keep a micro-batch per rank
             trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1,
-        )  # DDP: keep a micro-batch per rank
+        )
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
-            self.trainer.callbacks.append(
-                ShareBaseWeights(engine)
-            )  # before WeightSync: shared before the first publish
+            # before WeightSync: shared before the first publish
+            self.trainer.callbacks.append(ShareBaseWeights(engine))
         self.trainer.callbacks.append(WeightSync(broadcast))
         self._add_checkpointer(config)
         vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself
@@ -212,13 +168,13 @@ class GrpoCLI(LightningCLI):
             self.trainer.callbacks.append(vllm)  # last: it stops vLLM after WeightSync's final publish
         # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
         # them rather than sample those steps again with weights newer than the steps
-        self.datamodule.start(first_unsent_step(self.datamodule, self.start_step) if self.start_step else None)
+        self.datamodule.start(first_unsent_step(self.datamodule, run.start_step) if run.start_step else None)
 
     def _discard_stale_weights(self, broadcast: WeightBroadcast) -> None:
         """Weights of steps >= start_step in the run folder are a killed run's (or an earlier run's): this
         trainer publishes its own, so no engine samples a batch with weights newer than the batch's step."""
         if self.trainer.is_global_zero:
-            broadcast.discard_after(self.start_step - 1)
+            broadcast.discard_after(self.run.start_step - 1)
 
     def _restart_count(self, path: Path, step: int) -> None:
         """ckpt.skip_progress: archive the earlier count's files, keep its easy/hard pools (unless
@@ -227,22 +183,23 @@ class GrpoCLI(LightningCLI):
         from grpokit.orchestrator.pools import restart_log
 
         if self.trainer.is_global_zero:
-            archive = archive_progress(self.run_dir)
+            archive = archive_progress(self.run.run_dir)
             data = self.datamodule
             if data.buffer.uses_pools:
-                restart_log(self.run_dir / "buffer.jsonl", data.shape.locate(step)[0] if self.restore_buffer else None)
+                generation = data.shape.locate(step)[0] if self.run.restore_buffer else None
+                restart_log(self.run.run_dir / "buffer.jsonl", generation)
             print(
                 "ckpt.skip_progress: counting from step 0 with the weights "
                 f"of {path.name}; the earlier files are in {archive}",
                 file=sys.stderr,
             )
-        self.trainer.callbacks.append(LoadWeights(self.run_dir, Path("checkpoints") / path.name))
+        self.trainer.callbacks.append(LoadWeights(self.run.run_dir, Path("checkpoints") / path.name))
 
     def _add_checkpointer(self, config) -> None:
         settings: CheckpointSettings = config["ckpt"]
         if settings.interval:
             self.trainer.callbacks.append(
-                Checkpointer(self.run_dir / "checkpoints", settings, self.datamodule.transport)
+                Checkpointer(self.run.run_dir / "checkpoints", settings, self.datamodule.transport)
             )
 
 

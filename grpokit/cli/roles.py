@@ -14,10 +14,9 @@ import logging
 import signal
 from dataclasses import dataclass
 
-from grpokit.common.models import load_tokenizer
-from grpokit.common.noisy_norms import check_engine_accepts_norms
 from grpokit.inference import InferenceEngine
 from grpokit.orchestrator.weights import weight_source
+from grpokit.run import start_engine
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,13 @@ def infer(cli) -> int:
         return infer_vllm(cli, config["inference"], settings)
     engine = settings.engine or BuiltinEngine()
     broadcast = config["broadcast"]
-    check_engine_accepts_norms(engine, cli.model.noise_scheduler, broadcast)
-    broadcast.setup(cli.run_dir)
-    engine.setup(cli.model.model_name)
-    log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run_dir)
+    tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
+    log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM shuts the server down like Ctrl-C
     try:
         serve(
             engine,
-            load_tokenizer(cli.model.model_name),
+            tokenizer,
             host=settings.host,
             port=settings.port,
             model_name=settings.model_name,
@@ -107,21 +104,11 @@ def orchestrate(cli) -> int:
     config = cli.config_init
     engine: InferenceEngine = config["inference"]
     broadcast = config["broadcast"]
-    check_engine_accepts_norms(engine, cli.model.noise_scheduler, broadcast)
-    broadcast.setup(cli.run_dir)
-    engine.setup(cli.model.model_name)
+    tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
     data = cli.datamodule
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
-    start = max(cli.start_step, published.step if published else 0)
-    data.connect(
-        engine,
-        broadcast,
-        load_tokenizer(cli.model.model_name),
-        cli.run_dir,
-        cli.trainer.max_steps,
-        start,
-        cli.restore_buffer,
-    )
+    start = max(cli.run.start_step, published.step if published else 0)
+    data.connect(engine, broadcast, tokenizer, cli.run.run_dir, cli.trainer.max_steps, start, cli.run.restore_buffer)
     data.start_step = first_unsent_step(data, start)
     data.run()
     data.transport.close()

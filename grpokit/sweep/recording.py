@@ -40,7 +40,7 @@ def record(dest: Path, recipe_argv: list[str]) -> Path:
     from grpokit.cli import make_cli
 
     cli = make_cli(["fit", *recipe_argv, "--data.transport", KEEP_EVERY_BATCH])
-    return export(cli.run_dir, dest, int(cli.trainer.max_steps))
+    return export(cli.run.run_dir, dest, int(cli.trainer.max_steps))
 
 
 def export(run_dir: Path, dest: Path, num_steps: int) -> Path:

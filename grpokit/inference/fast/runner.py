@@ -143,11 +143,6 @@ class ModelRunner:
             gate_up = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
         return w, b, gate_up
 
-    def invalidate_graphs(self) -> None:
-        """Drop captured graphs (call after the module structure changes, e.g. a LoRA wrapper added)."""
-        self.graphs.clear()
-        self.graph_pool = None
-
     # ----------------------------------------------------------------------------------------- layers
     def _qkv(self, i: int, x: torch.Tensor, shape: tuple[int, ...]):
         """Layer i's q, k, v of x [*shape, hidden] as [*shape, heads, head_dim], before q/k norms and

@@ -38,7 +38,7 @@ def start_recipe_vllm(cli, engine, broadcast, settings) -> VLLMServer:
             settings.host,
             settings.port,
             engine.base_model_name,
-            cli.run_dir,
+            cli.run.run_dir,
             extension,
         )
 

@@ -29,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpokit
+
 log = logging.getLogger(__name__)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
@@ -172,7 +174,7 @@ def serve_env(serve: VLLMServe, lora: bool, worker_extension: str | None = None)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if worker_extension is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        root = str(Path(__file__).resolve().parents[2])  # the folder holding the grpokit package
+        root = str(Path(grpokit.__file__).resolve().parents[1])  # the folder holding the grpokit package
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return {**env, **{k: str(v) for k, v in serve.env.items()}}
 
