@@ -39,7 +39,7 @@ MOVED = {
     "grpokit.models": "grpokit.common.models",
     "grpokit.norm_noise": "grpokit.common.noisy_norms",
     "grpokit.policy": "grpokit.trainer.policy",
-    "grpokit.prefix_tree": "grpokit.trainer.prefix_tree",
+    "grpokit.prefix_tree": "grpokit.common.prefix_tree",
     "grpokit.progress": "grpokit.trainer.progress",
     "grpokit.quantization": "grpokit.trainer.quantization",
     "grpokit.recipe_files": "grpokit.cli.recipe_files",

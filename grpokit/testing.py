@@ -235,7 +235,7 @@ def _random_micro_batch(g: torch.Generator, tokens: int) -> MicroBatch:
 
 
 def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
-    """Equal step, temperature, metrics and every tensor of every micro-batch."""
+    """Equal step, temperature, metrics, and every tensor and count of every micro-batch (prefix trees too)."""
     assert (a.step, a.temperature, a.metrics, len(a.micro_batches)) == (
         b.step,
         b.temperature,
@@ -243,8 +243,15 @@ def assert_same_batch(a: TrainingBatch, b: TrainingBatch) -> None:
         len(b.micro_batches),
     )
     for x, y in zip(a.micro_batches, b.micro_batches):
-        for name in vars(x):
-            assert torch.equal(getattr(x, name), getattr(y, name)), name
+        for name, value in vars(x).items():
+            other = getattr(y, name)
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, other), name
+            elif name == "prefix_tree" and value is not None and other is not None:
+                for tree_name in ("input_ids_U", "position_ids_U", "node_T", "parent_U"):
+                    assert torch.equal(getattr(value, tree_name), getattr(other, tree_name)), tree_name
+            else:
+                assert value == other, name
 
 
 def process_group_gone(pgid: int, within: float) -> bool:

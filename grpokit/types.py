@@ -82,6 +82,43 @@ class Rollout:
 
 
 @dataclass
+class PrefixTree:
+    """The trie of a packed row (grpokit.common.prefix_tree): one node per distinct prefix.
+
+    Attributes:
+        input_ids_U: each node's token.
+        position_ids_U: each node's depth (its tokens' position inside their sequences).
+        node_T: the node of each packed token.
+        parent_U: each node's parent (-1 for a sequence's first token); parents precede children.
+    """
+
+    input_ids_U: torch.Tensor
+    position_ids_U: torch.Tensor
+    node_T: torch.Tensor
+    parent_U: torch.Tensor
+    _masks: dict = field(default_factory=dict, repr=False, compare=False)  # attention masks built so far
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.input_ids_U.numel())
+
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """Additive [1, 1, U, U] mask: 0 where node q may attend to node k (k is q or an ancestor of q).
+        Built once per dtype and device (the policy, reference and teacher forwards share it)."""
+        u, device = self.num_nodes, self.input_ids_U.device
+        key = (dtype, device)
+        if key in self._masks:
+            return self._masks[key]
+        allowed_UU = torch.eye(u, dtype=torch.bool, device=device)
+        for depth in range(1, int(self.position_ids_U.max()) + 1 if u else 1):  # parents are one level up
+            rows = (self.position_ids_U == depth).nonzero().squeeze(-1)
+            allowed_UU[rows] |= allowed_UU[self.parent_U[rows]]
+        mask = torch.zeros(u, u, dtype=dtype, device=device).masked_fill_(~allowed_UU, torch.finfo(dtype).min)
+        self._masks[key] = mask[None, None]
+        return self._masks[key]
+
+
+@dataclass
 class MicroBatch:
     """Sequences packed end to end into one row of T tokens.
 
@@ -99,6 +136,11 @@ class MicroBatch:
         is_truncated_N: 1 for sequences whose completion hit max_tokens without a stop.
         expert_mask_T: 1.0 on the completion tokens of expert sequences (Rollout.is_expert), which
             loss_mask_T never covers; all zeros (the default) when the batch has none.
+        prefix_tree: the packed row's trie, when the orchestrator packed by prefix-tree nodes or the
+            trainer built it (it shares prefixes); built once and carried with the micro-batch.
+        num_loss_tokens, num_expert_tokens, num_loss_seqs: counted once when the micro-batch is made
+            (on the host, where it is packed or decoded), so the trainer's per-step sums need no device
+            sync; derived from the masks, never passed in.
     """
 
     input_ids_T: torch.Tensor
@@ -109,10 +151,19 @@ class MicroBatch:
     seq_lens_N: torch.Tensor
     is_truncated_N: torch.Tensor
     expert_mask_T: torch.Tensor | None = None
+    prefix_tree: PrefixTree | None = None
+    num_loss_tokens: int = field(init=False)
+    num_expert_tokens: int = field(init=False)
+    num_loss_seqs: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.expert_mask_T is None:
             self.expert_mask_T = torch.zeros_like(self.loss_mask_T)
+        self.num_loss_tokens = int(self.loss_mask_T.sum().item())
+        self.num_expert_tokens = int(self.expert_mask_T.sum().item())
+        mask_T = self.loss_mask_T.float()
+        per_seq_N = mask_T.new_zeros(len(self.seq_lens_N)).index_add(0, self.seq_ids_T().to(mask_T.device), mask_T)
+        self.num_loss_seqs = int((per_seq_N > 0).sum().item())
 
     @property
     def num_tokens(self) -> int:
@@ -144,21 +195,16 @@ class TrainingBatch:
 
     @property
     def num_loss_tokens(self) -> int:
-        return int(sum(mb.loss_mask_T.sum().item() for mb in self.micro_batches))
+        return sum(mb.num_loss_tokens for mb in self.micro_batches)
 
     @property
     def num_expert_tokens(self) -> int:
-        return int(sum(mb.expert_mask_T.sum().item() for mb in self.micro_batches))
+        return sum(mb.num_expert_tokens for mb in self.micro_batches)
 
     @property
     def num_loss_seqs(self) -> int:
         """Sequences with at least one loss token."""
-        total = 0
-        for mb in self.micro_batches:
-            mask_T = mb.loss_mask_T.float()
-            per_seq_N = mask_T.new_zeros(len(mb.seq_lens_N)).index_add(0, mb.seq_ids_T().to(mask_T.device), mask_T)
-            total += int((per_seq_N > 0).sum())
-        return total
+        return sum(mb.num_loss_seqs for mb in self.micro_batches)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def test_train_bench_paths_compute_the_same_logprobs(tmp_path):
 
 def test_train_bench_on_a_grpo_shaped_batch_shares_prompts_and_agrees_on_the_trained_tokens(tmp_path):
     from grpokit.bench.trainer import packed_batch
-    from grpokit.trainer.prefix_tree import prefix_tree
+    from grpokit.common.prefix_tree import prefix_tree
 
     ids, pos, lens, _, mask = packed_batch(192, 24, 1000, "cpu", group_size=4, prompt_len=16)
     assert prefix_tree(ids, pos, lens).num_nodes == 2 * 16 + 8 * 8  # 2 groups of 4 sequences of 16 + 8 tokens

@@ -1,4 +1,4 @@
-"""Shared prefixes (grpokit.trainer.prefix_tree): the tree of a packed row, its mask, and logprobs, entropies and
+"""Shared prefixes (grpokit.common.prefix_tree): the tree of a packed row, its mask, and logprobs, entropies and
 gradients through it equal to the packed row's."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit.common.prefix_tree import prefix_tree
 from grpokit.trainer.logprobs import packed_token_logprobs
-from grpokit.trainer.prefix_tree import prefix_tree
 
 
 def packed(seqs: list[list[int]]):

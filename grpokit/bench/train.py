@@ -11,7 +11,7 @@ weights on the same packed micro-batch (sequences of `seq_len` tokens, a random 
   the engine's logprobs set to the policy's own before the first step), gradient clipping at 1.0,
   Policy's AdamW;
 - grpokit_dense: what fit runs on the CPU: dense block-diagonal mask, full logits, no checkpointing,
-  shared prefixes (grpokit.trainer.prefix_tree), the LM head on the trained tokens only;
+  shared prefixes (grpokit.common.prefix_tree), the LM head on the trained tokens only;
 - grpokit_compile: the same as grpokit with `model.compile: true` (each decoder layer torch.compiled);
 - grpokit_compile_no_ckpt: compiled, without activation checkpointing (more memory, no recompute);
 - grpokit_compile_budget_B: compiled without checkpointing, but AOTAutograd recomputes the cheapest

@@ -2,7 +2,7 @@
 nodes when the trainer runs each shared prefix once (first-fit decreasing either way).
 
 The trainer's cost of a micro-batch is the number of positions its model runs: every token with the
-packed row, every distinct prefix with `model.share_prefixes` (grpokit.trainer.prefix_tree). A GRPO step
+packed row, every distinct prefix with `model.share_prefixes` (grpokit.common.prefix_tree). A GRPO step
 repeats each prompt G times behind one system prompt, so counting tokens splits a step that the tree
 runs in one forward: on the CPU demo, 1,113 tokens are 157 nodes, and one micro-batch instead of two
 trains the step 30% faster (docs/benchmarks.md).
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.types import MicroBatch, Rollout
+from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
+from grpokit.types import MicroBatch, Rollout, TrainingBatch
 
 
 def check_fits(length: int, capacity: int) -> None:
@@ -95,7 +96,12 @@ def pack(
         bins = first_fit_decreasing_tree([r.prompt_ids + r.completion_ids for r in rollouts], seq_len)
     else:
         bins = first_fit_decreasing([r.num_tokens for r in rollouts], seq_len)
-    return [_micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins]
+    micro_batches = [
+        _micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins
+    ]
+    if prefix_tree:  # the trainer runs these trees: built once here, carried with the batch
+        attach_prefix_trees(TrainingBatch(step=-1, micro_batches=micro_batches))
+    return micro_batches
 
 
 def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainable: list[bool]) -> MicroBatch:
@@ -125,8 +131,4 @@ def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainab
 
 def num_positions(mb: MicroBatch, prefix_tree: bool) -> int:
     """The positions the trainer's model runs for `mb`: its distinct prefixes, or its tokens."""
-    if not prefix_tree:
-        return mb.num_tokens
-    from grpokit.trainer.prefix_tree import prefix_tree as tree_of
-
-    return tree_of(mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N).num_nodes
+    return tree_of(mb).num_nodes if prefix_tree else mb.num_tokens

@@ -12,7 +12,8 @@ import inspect
 
 import torch
 
-from grpokit.trainer.prefix_tree import prefix_tree
+from grpokit.common.prefix_tree import prefix_tree
+from grpokit.types import PrefixTree
 
 
 def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -166,6 +167,7 @@ def packed_token_logprobs(
     compile: bool = False,
     needed_T: torch.Tensor | None = None,
     share_prefixes: bool = False,
+    tree: PrefixTree | None = None,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
@@ -184,8 +186,9 @@ def packed_token_logprobs(
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     The whole computation runs inside the model's own forward, so it works on FSDP2-sharded models.
     Prefixes: `share_prefixes` runs the model once per distinct prefix of the packed sequences (a GRPO
-    micro-batch repeats each prompt G times; grpokit.trainer.prefix_tree), with the same values and gradients;
-    it needs the dense attention path.
+    micro-batch repeats each prompt G times; grpokit.common.prefix_tree), with the same values and gradients;
+    it needs the dense attention path. `tree` is the packed row's prefix tree when the caller has it
+    (MicroBatch.prefix_tree); without it, it is built here.
     """
     from grpokit.common.models import unwrap_peft
     from grpokit.trainer.varlen import NAME as VARLEN
@@ -210,7 +213,7 @@ def packed_token_logprobs(
         max_len = int(seq_lens_N.max())
         kwargs = {"cu_seq_lens_q": cu_N1, "cu_seq_lens_k": cu_N1, "max_length_q": max_len, "max_length_k": max_len}
     elif share_prefixes:
-        tree = prefix_tree(input_ids_T, position_ids_T, seq_lens_N)
+        tree = tree if tree is not None else prefix_tree(input_ids_T, position_ids_T, seq_lens_N)
         model_ids, model_positions, row_T = tree.input_ids_U, tree.position_ids_U, tree.node_T
         kwargs = {"attention_mask": tree.attention_mask(dtype)}
     else:

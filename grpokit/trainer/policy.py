@@ -19,6 +19,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_dtype
 from grpokit.common.noisy_norms import noisy_norms, norm_weights
+from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
 from grpokit.loss import Loss, LossInputs, check_experts
 from grpokit.noise import NoiseScheduler
@@ -99,7 +100,7 @@ class Policy(L.LightningModule):
                 the cheapest of the rest (torch._functorch.config.activation_memory_budget). On an H100,
                 0.2 ran a LoRA step 1.55x faster than full checkpointing at 1.2x its memory.
             share_prefixes: run the model once per distinct prefix of a micro-batch's sequences (a tree
-                with an ancestor mask, grpokit.trainer.prefix_tree): a GRPO batch repeats each prompt G times.
+                with an ancestor mask, grpokit.common.prefix_tree): a GRPO batch repeats each prompt G times.
                 Same logprobs and gradients; needs dense attention. null = on with dense attention and
                 LoRA dropout 0 (with dropout, copies of a prompt would share one dropout mask).
         """
@@ -274,6 +275,8 @@ class Policy(L.LightningModule):
         # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
         received: TrainingBatch = next(dataloader_iter)[0]
+        if self.share_prefixes:
+            attach_prefix_trees(received)  # on the host, once per micro-batch (the orchestrator may have)
         batch = move_data_to_device(received, self.device)  # with the iterator, Lightning leaves the transfer to us
         check_experts(self.loss, batch)
         start, wall_start = time.perf_counter(), time.time()
@@ -415,6 +418,7 @@ class Policy(L.LightningModule):
             compile=self.compile_layers,
             needed_T=needed_T,
             share_prefixes=self.share_prefixes,
+            tree=tree_of(mb) if self.share_prefixes else None,  # one tree for policy, reference and teacher
         )
 
     def _count_skipped_step(self) -> None:

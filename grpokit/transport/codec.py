@@ -8,11 +8,12 @@ from dataclasses import fields
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from grpokit.types import MicroBatch, TrainingBatch
+from grpokit.types import MicroBatch, PrefixTree, TrainingBatch
 
 FORMAT = "grpokit.TrainingBatch"
-VERSION = 1
-MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch)]
+VERSION = 2  # 2: a micro-batch's prefix tree travels with it (1: no tree; grpokit before 2026-11-25)
+MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch) if f.init and f.name != "prefix_tree"]  # the tensors
+TREE_FIELDS = [f.name for f in fields(PrefixTree) if not f.name.startswith("_")]
 
 
 class BatchFormatError(ValueError):
@@ -25,6 +26,9 @@ def encode_batch(batch: TrainingBatch) -> bytes:
         for i, mb in enumerate(batch.micro_batches)
         for name in MICRO_BATCH_FIELDS
     }
+    for i, mb in enumerate(batch.micro_batches):
+        if mb.prefix_tree is not None:
+            tensors.update({f"{i}.prefix_tree.{name}": getattr(mb.prefix_tree, name) for name in TREE_FIELDS})
     header = {
         "format": FORMAT,
         "version": str(VERSION),
@@ -41,6 +45,12 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
     if len(data) > max_bytes:
         raise BatchFormatError(f"batch of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     header = _read_header(data)
+    if header.get("format") == FORMAT and header.get("version") == "1":
+        raise BatchFormatError(
+            f"this batch is {FORMAT} version 1, written by grpokit before 2026-11-25; this grpokit reads version "
+            f"{VERSION}. Write it again with this grpokit: delete a run's rollouts/step_N.safetensors from the "
+            "step you resume at (the orchestrator samples them again), or record the rollouts again"
+        )
     if header.get("format") != FORMAT or header.get("version") != str(VERSION):
         raise BatchFormatError(
             f"expected {FORMAT} version {VERSION}, got {header.get('format')!r} version {header.get('version')!r}"
@@ -48,7 +58,7 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
     try:
         tensors = load(data)
         n = int(header["num_micro_batches"])
-        micro_batches = [MicroBatch(**{name: tensors[f"{i}.{name}"] for name in MICRO_BATCH_FIELDS}) for i in range(n)]
+        micro_batches = [_micro_batch(tensors, i) for i in range(n)]
         return TrainingBatch(
             step=int(header["step"]),
             micro_batches=micro_batches,
@@ -57,6 +67,13 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
         )
     except (KeyError, ValueError, TypeError, SafetensorError) as e:
         raise BatchFormatError(f"malformed TrainingBatch: {e}") from e
+
+
+def _micro_batch(tensors: dict, i: int) -> MicroBatch:
+    tree = None
+    if f"{i}.prefix_tree.{TREE_FIELDS[0]}" in tensors:
+        tree = PrefixTree(**{name: tensors[f"{i}.prefix_tree.{name}"] for name in TREE_FIELDS})
+    return MicroBatch(**{name: tensors[f"{i}.{name}"] for name in MICRO_BATCH_FIELDS}, prefix_tree=tree)
 
 
 def _read_header(data: bytes) -> dict[str, str]:

@@ -18,40 +18,11 @@ Shape legend: T packed tokens, N sequences, U tree nodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from grpokit.types import MicroBatch, PrefixTree, TrainingBatch
 
-@dataclass
-class PrefixTree:
-    """The trie of a packed row.
-
-    Attributes:
-        input_ids_U: each node's token.
-        position_ids_U: each node's depth (its tokens' position inside their sequences).
-        node_T: the node of each packed token.
-        parent_U: each node's parent (-1 for a sequence's first token); parents precede children.
-    """
-
-    input_ids_U: torch.Tensor
-    position_ids_U: torch.Tensor
-    node_T: torch.Tensor
-    parent_U: torch.Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.input_ids_U.numel())
-
-    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """Additive [1, 1, U, U] mask: 0 where node q may attend to node k (k is q or an ancestor of q)."""
-        u, device = self.num_nodes, self.input_ids_U.device
-        allowed_UU = torch.eye(u, dtype=torch.bool, device=device)
-        for depth in range(1, int(self.position_ids_U.max()) + 1 if u else 1):  # parents are one level up
-            rows = (self.position_ids_U == depth).nonzero().squeeze(-1)
-            allowed_UU[rows] |= allowed_UU[self.parent_U[rows]]
-        mask = torch.zeros(u, u, dtype=dtype, device=device).masked_fill_(~allowed_UU, torch.finfo(dtype).min)
-        return mask[None, None]
+__all__ = ["PrefixTree", "attach_prefix_trees", "prefix_tree"]
 
 
 def prefix_tree(input_ids_T: torch.Tensor, position_ids_T: torch.Tensor, seq_lens_N: torch.Tensor) -> PrefixTree:
@@ -85,3 +56,19 @@ def prefix_tree(input_ids_T: torch.Tensor, position_ids_T: torch.Tensor, seq_len
         return torch.tensor(values, dtype=torch.long, device=device)
 
     return PrefixTree(as_tensor(tokens), as_tensor(depths), as_tensor(node_T), as_tensor(parents))
+
+
+def attach_prefix_trees(batch: TrainingBatch) -> TrainingBatch:
+    """Give each micro-batch of `batch` its prefix tree, built once here (on the batch's device: call it
+    on the CPU copy) and carried with the micro-batch; micro-batches that have one keep it."""
+    for mb in batch.micro_batches:
+        tree_of(mb)
+    return batch
+
+
+def tree_of(mb: MicroBatch) -> PrefixTree:
+    """`mb`'s prefix tree, built on first use and kept on the micro-batch (policy, reference and teacher
+    logprobs and the packing metric all read the same one)."""
+    if mb.prefix_tree is None:
+        mb.prefix_tree = prefix_tree(mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N)
+    return mb.prefix_tree
