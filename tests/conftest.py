@@ -63,6 +63,8 @@ UNIT_PATHS = (
     "test_contracts.py",
     "test_prefix_tree.py",
     "test_metrics.py",
+    "test_io.py",
+    "test_host_syncs.py",
     "test_logprobs.py",
     "test_recipes.py",
     "test_registry.py",

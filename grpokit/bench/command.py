@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
-from pathlib import Path
 
 import torch
+
+from grpokit.common.io import atomic_write_text
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -112,9 +111,5 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
-            f.write(text)
-        os.replace(f.name, path)
+        atomic_write_text(args.json, text)
     return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.common.io import atomic_save_tensors, atomic_write_json, atomic_write_text
+from grpokit.common.io import atomic_folder, atomic_save_tensors, atomic_write_json, atomic_write_text
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -75,15 +75,8 @@ class FilesystemBroadcast(WeightBroadcast):
         final = self.step_dir(update.step)
         if (final / STABLE).exists():
             return  # already published (a resumed run re-publishing the same step)
-        tmp = self.root / f".step_{update.step}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            self._write(tmp, update)
-        except BaseException:  # a full disk, say: no half-written folder stays behind
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        with atomic_folder(final, self.root / f".step_{update.step}.{os.getpid()}.tmp") as tmp:
+            self._write(tmp, update)  # a full disk, say: no half-written folder stays behind
         atomic_write_text(final / STABLE, str(update.step))
         self._prune(update.step)
 

@@ -1,10 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of it."""
+"""Atomic file writes: a reader sees the old file or the whole new one, never half of it.
+
+Every temp-then-rename in grpokit goes through here: bytes, text, JSON and tensors (atomic_write_*),
+a file that a library writes to a path (atomic_path: Lightning's checkpoints), and a folder of files
+(atomic_folder: broadcast steps, the converted model).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -48,3 +56,49 @@ def atomic_save_tensors(
     """Save tensors as safetensors (no pickle) atomically."""
     contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     atomic_write_bytes(path, save(contiguous, metadata=metadata))
+
+
+@contextmanager
+def atomic_path(final: str | os.PathLike, tmp: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A temp path beside `final` for a writer that takes a path. When the block ends without error and
+    the writer wrote the file (a DDP rank > 0 may write nothing), it is fsynced and renamed over `final`;
+    on error it is removed and `final` keeps its previous content."""
+    final = Path(final)
+    tmp = Path(tmp) if tmp is not None else final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_folder(
+    final: str | os.PathLike, tmp: str | os.PathLike | None = None, keep_existing: bool = False
+) -> Iterator[Path]:
+    """A fresh temp folder beside `final` to fill. When the block ends without error it becomes `final`
+    (an existing `final` is replaced, or, with `keep_existing`, kept and the temp folder dropped: another
+    process got there first); on error it is removed, so no half-written folder stays behind."""
+    final = Path(final)
+    if tmp is None:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    else:
+        tmp = Path(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_existing and final.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)

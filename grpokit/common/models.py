@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from grpokit.common.io import atomic_folder
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +63,9 @@ def _convert_gguf(folder: Path, gguf_file: str, target: Path) -> None:
     # The weights are dequantised already; drop the GGUF marker so save_pretrained accepts the model.
     del model.config.quantization_config
     model.hf_quantizer = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+    with atomic_folder(target, keep_existing=True) as tmp:  # kept: another process converted it meanwhile
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():  # another process converted it meanwhile
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_causal_lm(

@@ -24,6 +24,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from grpokit.common.io import atomic_path
 from grpokit.transport import Transport
 
 CKPT = re.compile(r"^step_(\d+)\.ckpt$")
@@ -233,17 +234,11 @@ class Checkpointer(L.Callback):
     def save(self, trainer: L.Trainer, step: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step_{step}.ckpt"
-        tmp = self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp"
-        try:
+        # a full disk, say: no partial file stays behind, earlier checkpoints are untouched
+        with atomic_path(final, self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp") as tmp:
             trainer.save_checkpoint(tmp)  # every DDP rank joins; only global rank 0 writes
-            if not trainer.is_global_zero:
-                return
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:  # a full disk, say: no partial file stays behind, earlier checkpoints are untouched
-            tmp.unlink(missing_ok=True)
-            raise
+        if not trainer.is_global_zero:
+            return
         self._prune(step)
         if self.transport is not None:
             self.transport.retain_from(step)
