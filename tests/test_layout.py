@@ -27,10 +27,11 @@ def modules() -> dict[str, Path]:
 
 def imported_names(path: Path) -> set[str]:
     """Every module name an import statement in `path` names (top-level or inside a function), with
-    `from pkg import name` counted as pkg.name too (it may be a submodule)."""
+    `from pkg import name` counted as pkg.name too (it may be a submodule). Imports under
+    `if TYPE_CHECKING:` are left out: they never run."""
     names: set[str] = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -42,6 +43,22 @@ def imported_names(path: Path) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (type-only imports run nowhere)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if (
+                isinstance(child, ast.If)
+                and getattr(child.test, "id", getattr(child.test, "attr", "")) == "TYPE_CHECKING"
+            ):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -108,9 +108,10 @@ def orchestrate(cli) -> int:
     data = cli.datamodule
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.run.start_step, published.step if published else 0)
-    data.connect(engine, broadcast, tokenizer, cli.run.run_dir, cli.trainer.max_steps, start, cli.run.restore_buffer)
-    data.start_step = first_unsent_step(data, start)
-    data.run()
+    loop = data.connect(
+        engine, broadcast, tokenizer, cli.run.run_dir, cli.trainer.max_steps, start, cli.run.restore_buffer
+    )
+    loop.run(first_unsent_step(data, start))
     data.transport.close()
     return 0
 

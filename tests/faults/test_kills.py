@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from grpokit.main import main
-from grpokit.orchestrator.datamodule import check_not_from_the_future
+from grpokit.orchestrator.loop import check_not_from_the_future
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 from grpokit.types import Rollout

@@ -47,7 +47,7 @@ def test_orchestrator_waiting_for_weights_names_the_trainer_and_data_timeout(tmp
         match=r"no weights of step >= 0 after 0s \(data.timeout\): is the "
         r"trainer \(`grpokit train`\) running .*FilesystemBroadcast",
     ):
-        data.wait_for_weights(0)
+        data.loop.wait_for_weights(0)
 
 
 def test_a_server_that_never_answers_is_reported_after_timeout_and_retries():

@@ -154,8 +154,8 @@ def test_orchestrator_waits_for_the_servers_weights(tiny_model, tmp_path):
             TimeoutError,
             match=r"no weights of step >= 0 .*\(IPCBroadcast\) to the server \(`grpokit infer`.*holds step -1\)\?",
         ):
-            data.wait_for_weights(0)
+            data.loop.wait_for_weights(0)
         trainer.publish(lora_update(tiny_model, step=0))
-        data.wait_for_weights(0)
+        data.loop.wait_for_weights(0)
         assert remote.weight_step == 0 == engine.weight_step
     trainer.close()

@@ -1,0 +1,272 @@
+"""The rollout loop: the producer side of the orchestrator. For each step: wait for fresh enough
+weights, sample and score a generation's groups, turn rewards into advantages, flag rollouts, pack
+them into micro-batches and send the batch to the trainer.
+
+Scheduling follows max_async_level k: the batch for step n is sampled with weights of a step
+>= max(0, n - k), so the engine may run up to k steps ahead of the trainer. `grpokit fit` runs the loop
+in a thread beside the trainer; `grpokit orchestrate` runs it in its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from grpokit.broadcast import WeightBroadcast
+from grpokit.common.timeline import record_timeline
+from grpokit.inference import InferenceEngine
+from grpokit.orchestrator.environment import Environment, UnscoredEnvironment
+from grpokit.orchestrator.evaluation import Evaluator
+from grpokit.orchestrator.experts import expert_rollouts
+from grpokit.orchestrator.packing import num_positions, pack
+from grpokit.orchestrator.pools import DifficultyPools, hash_key
+from grpokit.orchestrator.prompts import PromptSampler
+from grpokit.orchestrator.rollouts import generate_rollouts
+from grpokit.orchestrator.stats import batch_metrics
+from grpokit.orchestrator.weights import weight_source
+from grpokit.types import Rollout, TrainingBatch
+
+if TYPE_CHECKING:
+    from grpokit.orchestrator.datamodule import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Generation:
+    """One generation's sampled groups: every group sampled (what the metrics describe) and the groups
+    kept for training, with the time it took and the eval metrics taken before it."""
+
+    index: int
+    generated: list[list[Rollout]]
+    kept: list[list[Rollout]]
+    gen_time: float
+    eval_metrics: dict[str, float]
+
+
+class RolloutLoop:
+    """Produces the TrainingBatch of every step from `config` (the recipe's `data` section: an
+    Orchestrator), an engine, the weight broadcast and the policy's tokenizer.
+
+    The easy/hard pools are restored as they were when the batch of start_step was sampled, or start
+    empty with restore_buffer=False (ckpt.skip_buffer). `trainer_shares_prefixes`: the trainer in this
+    process runs each shared prefix once (data.packing auto then packs by prefix-tree nodes).
+    """
+
+    def __init__(
+        self,
+        config: Orchestrator,
+        engine: InferenceEngine,
+        broadcast: WeightBroadcast,
+        tokenizer,
+        run_dir: Path,
+        max_steps: int,
+        start_step: int = 0,
+        restore_buffer: bool = True,
+        trainer_shares_prefixes: bool = False,
+    ) -> None:
+        self.config, self.shape = config, config.shape
+        self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
+        self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
+        self.pack_trees = config.packing == "prefix_tree" or (config.packing == "auto" and trainer_shares_prefixes)
+        self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
+        scored = [Environment(spec) for spec in config.env_specs]
+        self.envs = [UnscoredEnvironment(env) for env in scored] if config.buffer.skip_verification else scored
+        self.pools = self._restored_pools(restore_buffer)
+        self.prompts = self._prompt_sampler()
+        self.evaluator = None
+        if config.eval_settings:
+            self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir)
+        self.stopping = threading.Event()  # set by the trainer's side to end the loop
+        self.generation: Generation | None = None  # the newest generation sampled
+
+    def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
+        config = self.config
+        if not config.buffer.uses_pools:
+            return None
+        pools = DifficultyPools(config.buffer, self.run_dir / "buffer.jsonl", config.seed)
+        returned = pools.resume(self.shape.locate(self.start_step)[0], restore_buffer)
+        log.info("easy/hard pools restored: %s (returned to sampling: %s)", pools.sizes(), returned)
+        return pools
+
+    def _prompt_sampler(self) -> PromptSampler:
+        config = self.config
+        ratios = [spec.ratio for spec in config.env_specs]
+        if any(r is not None for r in ratios) and any(r is None for r in ratios):
+            raise ValueError("data.env: set ratio on every environment or on none")
+        pools, rounds = self.pools, config.buffer.rounds
+        excluded = (lambda block: pools.excluded(block // rounds)) if pools is not None else None
+        key = hash_key(config.buffer.hash_keys) if config.buffer.hash_keys else None
+        ratios = None if ratios[0] is None else ratios
+        return PromptSampler(self.envs, config.seed, ratios=ratios, key=key, excluded=excluded)
+
+    def run(self, first_step: int | None = None) -> None:
+        """Produce and send the batches of steps first_step (default start_step) .. max_steps - 1."""
+        for step in range(self.start_step if first_step is None else first_step, self.max_steps):
+            if self.stopping.is_set():
+                return
+            self.config.transport.send(self.make_batch(step))
+
+    def make_batch(self, step: int) -> TrainingBatch:
+        """The batch of `step`: its share of its generation's groups, advantages, filter flags, metrics, packed."""
+        index, chunk, _ = self.shape.locate(step)
+        gen = self._generation(index)
+        wall_start = time.time()
+        per_step = self.shape.prompts_per_step
+        chunk_groups = gen.kept[chunk * per_step : (chunk + 1) * per_step]
+        groups = [g for g in chunk_groups if step - min(r.policy_step for r in g) <= self.config.max_off_policy_steps]
+        # what the metrics describe: the step's chunk when a generation feeds several steps
+        generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else gen.generated
+        rollouts = [r for g in groups for r in g]
+        all_rollouts = [r for g in generated for r in g] or rollouts
+        check_not_from_the_future(step, all_rollouts)
+        fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
+        flags = {f.name: f.flag(rollouts) for f in self.config.filters}
+        metrics = batch_metrics(step, all_rollouts, rewards_of(generated), flags)
+        metrics.update(self.pools.sizes() if self.pools is not None else {})
+        metrics.update(
+            temperature=self.temperature(index),
+            gen_time=gen.gen_time if fresh else 0.0,
+            groups_generated=float(len(generated)),
+            groups_trained=float(len(groups)),
+            dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
+            **(gen.eval_metrics if fresh else {}),
+        )
+        self._log_samples(step, all_rollouts)
+        micro_batches = self._pack(groups, rollouts, flags, metrics)
+        policy_step = min(r.policy_step for r in all_rollouts)
+        start = wall_start - (gen.gen_time if fresh else 0.0)
+        record_timeline(self.run_dir, "orchestrator", step, start, time.time(), policy_step=policy_step)
+        temperature = self.temperature(index) or 1.0
+        return TrainingBatch(step=step, micro_batches=micro_batches, temperature=temperature, metrics=metrics)
+
+    def _generation(self, index: int) -> Generation:
+        """Generation `index`, sampled once (after waiting for fresh enough weights) and reused by each
+        step it feeds (steps_per_generation, num_iterations)."""
+        if self.generation is None or self.generation.index != index:
+            first_step = index * self.shape.steps_per_rollout_generation
+            self.wait_for_weights(max(0, first_step - self.config.max_async_level))
+            eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
+            start = time.perf_counter()
+            generated, kept = self.select_groups(index)
+            self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics)
+        return self.generation
+
+    def _pack(self, groups, rollouts, flags, metrics) -> list:
+        """The step's micro-batches: rollouts (masked where an enforcing filter flagged them) and expert
+        completions; records expert_seqs and packing_efficiency in `metrics`."""
+        config = self.config
+        advantages = config.advantage.token_advantages(groups)
+        enforced = [f.name for f in config.filters if f.enforce]
+        trainable = [not any(flags[name][i] for name in enforced) for i in range(len(rollouts))]
+        experts = expert_rollouts(groups, self.envs, self.tokenizer, config.expert) if config.expert else []
+        metrics["expert_seqs"] = float(len(experts))
+        micro_batches = pack(
+            rollouts + experts,
+            advantages + [[0.0] * len(r.completion_ids) for r in experts],
+            trainable + [True] * len(experts),
+            config.seq_len,
+            prefix_tree=self.pack_trees,
+        )
+        positions = sum(num_positions(mb, self.pack_trees) for mb in micro_batches)
+        metrics["packing_efficiency"] = positions / max(len(micro_batches) * config.seq_len, 1)
+        return micro_batches
+
+    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
+        """(every group sampled for `generation`, the groups it trains on), per the buffer rules.
+
+        Each generation owns a fixed block of `rounds * prompts` prompts and each round its own seed, so
+        a generation's prompts and samples are a function of its index (a resumed run continues exactly).
+        With one step per generation (the default) the generation index is the step.
+        """
+        config = self.config
+        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
+        generated, kept = [], []
+        for round_ in range(config.buffer.rounds):
+            block = generation * config.buffer.rounds + round_
+            seed = config.sampling.seed * 1_000_003 + block
+            sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
+            prompts = self.prompts.take(block, num_prompts)
+            groups = generate_rollouts(
+                self.engine, self.tokenizer, prompts, config.rollouts_per_example, sampling, block * num_prompts
+            )
+            for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
+                self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
+            generated += groups
+            kept += [g for g in groups if config.buffer.keep([r.reward for r in g])]
+            if len(kept) >= num_prompts:
+                break
+        return generated, kept[:num_prompts]
+
+    def temperature(self, generation: int) -> float:
+        """The sampling temperature of a generation (= step by default; the trainer scales its logits by it too)."""
+        config = self.config
+        if config.temp_scheduler is not None:
+            return config.temp_scheduler.at(generation, -(-self.max_steps // self.shape.steps_per_rollout_generation))
+        return 1.0 if config.sampling.temperature is None else config.sampling.temperature
+
+    def wait_for_weights(self, min_step: int) -> None:
+        """Load the newest published weights (or learn the step the servers hold); block until they are
+        at least `min_step`."""
+        timeout = self.config.timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            update = self.weights.poll(self.engine.weight_step)
+            if update is not None:
+                self.engine.load_weights(update)
+            if self.engine.weight_step >= min_step:
+                return
+            if self.stopping.is_set():
+                raise RuntimeError("orchestrator stopped while waiting for weights")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no weights of step >= {min_step} after {timeout:.0f}s (data.timeout): "
+                    "is the trainer (`grpokit train`) running and publishing through the same "
+                    f"broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
+                )
+            time.sleep(0.05)
+
+    def _source_hint(self) -> str:
+        if self.weights is self.broadcast:
+            return ""
+        return (
+            " to the server (`grpokit infer`: only it may poll this broadcast, "
+            f"so the orchestrator asks it; it holds step {self.engine.weight_step})"
+        )
+
+    def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for r in rollouts[: self.config.num_logged_samples]:
+                sample = {
+                    "step": step,
+                    "env": r.env_id,
+                    "example_id": r.example_id,
+                    "policy_step": r.policy_step,
+                    "reward": r.reward,
+                    "completion": r.completion_text,
+                }
+                f.write(json.dumps(sample) + "\n")
+
+
+def rewards_of(groups: list[list[Rollout]]) -> torch.Tensor:
+    """The groups' rewards as a [P, G] float64 tensor."""
+    return torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
+
+
+def check_not_from_the_future(step: int, rollouts: list[Rollout]) -> None:
+    """Refuse a batch sampled with weights newer than its step: the trainer restarted from an earlier
+    checkpoint (discarding its newer weights) while a running engine kept them."""
+    newest = max((r.policy_step for r in rollouts), default=-1)
+    if newest > step:
+        raise RuntimeError(
+            f"the batch for step {step} was sampled with weights of step {newest}: the trainer "
+            "restarted from an earlier checkpoint while the engine kept newer weights. Restart the "
+            "engine (`grpokit infer`) after the trainer, then the orchestrator (docs/reliability.md)."
+        )
