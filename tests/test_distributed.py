@@ -85,10 +85,10 @@ def test_fsdp2_is_accepted_and_fsdp1_deepspeed_and_tensor_parallel_are_refused_w
 
 
 def test_fsdp2_refuses_policy_settings_it_cannot_shard():
-    from grpokit.trainer.policy import Policy
+    from grpokit.trainer.model_setup import shard
 
     with pytest.raises(ValueError, match="model.compile: True with trainer.strategy fsdp2.*unset model.compile"):
-        Policy(compile=True)._shard(mesh=None)
+        shard(torch.nn.Linear(1, 1), mesh=None, quantization=None, compiled=True)
 
 
 def test_refuses_several_processes_without_run_name_or_with_spawned_ranks():

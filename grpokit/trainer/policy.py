@@ -2,13 +2,14 @@
 
 One training_step is one optimizer step over all micro-batches of the step's batch (gradient
 accumulation), with manual optimization so the step is exactly: logprobs -> loss -> backward per
-micro-batch, then clip, optimizer step, scheduler step, log.
+micro-batch, then clip, optimizer step, scheduler step, log. The model is built by
+grpokit.trainer.model_setup and what the engine receives by grpokit.trainer.publish; this class holds
+the recipe's `model.*` settings, the step and the optimizer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -17,20 +18,21 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_dtype
-from grpokit.common.noisy_norms import noisy_norms, norm_weights
+from grpokit.common.models import load_causal_lm, parse_dtype
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
 from grpokit.loss import Loss, LossInputs, check_experts
 from grpokit.noise import NoiseScheduler
 from grpokit.trainer.distributed import gather_step, rank_and_world, rank_share
-from grpokit.trainer.fsdp import full_state_dict, full_tensors, is_fsdp, is_sharded, shard_model
+from grpokit.trainer.fsdp import is_fsdp, is_sharded
 from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
 from grpokit.trainer.logprobs import packed_token_logprobs
-from grpokit.trainer.lora import LoraSettings, adapter_tensors, add_lora
+from grpokit.trainer.lora import LoraSettings
 from grpokit.trainer.lr_schedule import lr_factor
 from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
-from grpokit.trainer.quantization import build_optimizer, check_nf4, check_optimizer, check_policy_settings
+from grpokit.trainer.model_setup import build_model, chunk_size, set_attention, shares_prefixes
+from grpokit.trainer.publish import noise_sigma, noisy_norm_weights, weight_update
+from grpokit.trainer.quantization import build_optimizer, check_optimizer, check_policy_settings
 from grpokit.trainer.teacher import load_teacher
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
@@ -144,131 +146,62 @@ class Policy(L.LightningModule):
         self.last_weight_sync_time, self._last_step_end = 0.0, None
 
     def configure_model(self) -> None:
+        """Build the model once (grpokit.trainer.model_setup), sharded when the trainer runs FSDP2."""
         if self.lm is not None:
             return
-        lm = self._load_base()
-        if self.lora is not None:
-            lm = add_lora(lm, self.lora, self.gradient_checkpointing)
-        self.lm = self._set_attention(
-            lm
-        ).train()  # from_pretrained returns eval mode; LoRA dropout must be live in training
-        if self.compile_layers:
-            if self.activation_memory_budget is not None:
-                import torch._functorch.config as functorch_config
-
-                functorch_config.activation_memory_budget = self.activation_memory_budget
-            compile_decoder_layers(self.lm)
-        if self._trainer is not None and is_fsdp(self.trainer.strategy):
-            self._shard(self.trainer.strategy.device_mesh)
-
-    def _shard(self, mesh) -> None:
-        """FSDP2 (trainer.strategy: fsdp2): each decoder layer and the root become FSDP units (grpokit.trainer.fsdp)."""
-        for key, value, why in (
-            ("model.quantization", self.quantization, "4-bit weights cannot be sharded by FSDP2 here"),
-            ("model.compile", self.compile_layers or None, "compiled layers under FSDP2 are not tested"),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"{key}: {value!r} with trainer.strategy fsdp2: {why}; unset {key} or use trainer.strategy: ddp"
-                )
-        shard_model(self.lm, mesh)
+        mesh = self.trainer.strategy.device_mesh if self._attached and is_fsdp(self.trainer.strategy) else None
+        self.lm = build_model(self, self._training_device(), mesh)
 
     @property
     def sharded(self) -> bool:
         """Whether the weights are sharded over ranks (FSDP2): reading them whole is then a collective."""
         return is_sharded(self.lm)
 
-    def _on_cuda(self) -> bool:
-        device = (
-            self.trainer.strategy.root_device
-            if self._trainer is not None
-            else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        )
-        return device.type == "cuda"
-
-    def _set_attention(self, lm: torch.nn.Module) -> torch.nn.Module:
-        """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.trainer.varlen)."""
-        if self.attention == "varlen" or (self.attention == "auto" and self._on_cuda()):
-            from grpokit.trainer.varlen import use_varlen
-
-            use_varlen(lm)
-        return lm
-
     @property
     def share_prefixes(self) -> bool:
-        if self._share_prefixes is not None:
-            return self._share_prefixes
-        dense = self.attention == "dense" or (self.attention == "auto" and not self._on_cuda())
-        return dense and (self.lora is None or self.lora.dropout == 0)
+        return shares_prefixes(self._share_prefixes, self.attention, self.lora, self._training_device())
 
     @property
     def logprob_chunk_size(self) -> int:
-        if self._chunk_size is not None:
-            return self._chunk_size
-        return 2048 if self._on_cuda() else 0
+        return chunk_size(self._chunk_size, self._training_device())
 
-    def _load_base(self) -> torch.nn.Module:
-        """The base model: as stored, or (QLoRA) 4-bit NF4 on the training device, prepared by peft for
-        k-bit training."""
-        if self.quantization is None:
-            lm = load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
-            if self.gradient_checkpointing:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return lm
-        from peft import prepare_model_for_kbit_training
+    def _with_attention(self, lm: torch.nn.Module) -> torch.nn.Module:
+        """A frozen model (reference, teacher) on the policy's attention path."""
+        return set_attention(lm, self.attention, self._training_device())
 
-        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-        check_nf4(device)  # fails here, with the fix, rather than inside from_pretrained
-        lm = load_causal_lm(
-            self.model_name, dtype=parse_dtype(self.dtype_name), quantization=self.quantization, device=device
-        )
-        return prepare_model_for_kbit_training(
-            lm,
-            use_gradient_checkpointing=self.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+    # ---- with or without a Lightning Trainer (grpokit bench calls train_batch without one) ----------
+    @property
+    def _attached(self) -> bool:
+        return self._trainer is not None
+
+    def _training_device(self) -> torch.device:
+        """The training device: the trainer's, or (bench, tests) CUDA when there is one."""
+        if self._attached:
+            return self.trainer.strategy.root_device
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def _max_steps(self) -> int:
+        """trainer.max_steps (1 without a Trainer): the length the lr and noise schedules run over."""
+        return max(int(self.trainer.max_steps or 0), 1) if self._attached else 1
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Keep only trainable weights (the adapter under LoRA): the frozen base is the model file."""
         trainable = {f"lm.{name}" for name, p in self.lm.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
-    # ---- weights for the engine -------------------------------------------------------------------
+    # ---- weights for the engine (grpokit.trainer.publish) ------------------------------------------
     def weight_update(self, step: int) -> WeightUpdate:
-        """The current trainable weights as a WeightUpdate (the adapter only when LoRA is on).
-
-        Sharded (FSDP2), every rank must call it: full fine-tuning gathers the whole model onto rank 0's
-        CPU (the other ranks get an update without tensors; they never publish), LoRA gathers only the
-        adapter's shards, on every rank."""
-        if self.lora is None:
-            tensors = (
-                full_state_dict(self.lm)
-                if self.sharded
-                else {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
-            )
-            return WeightUpdate(step=step, tensors=tensors, norm_tensors=self.noisy_norm_weights(step))
-        tensors, config_dict = adapter_tensors(self.lm, self.sharded)
-        return WeightUpdate(
-            step=step, tensors=tensors, lora_config=config_dict, norm_tensors=self.noisy_norm_weights(step)
-        )
+        """The current trainable weights as a WeightUpdate, with the engine's noisy norms of `step`;
+        under FSDP2 every rank must call it."""
+        return weight_update(self.lm, self.lora, step, self.noisy_norm_weights(step))
 
     def noise_sigma(self, step: int) -> float:
         """Sigma of the QeRL noise on the weights published as `step` (0 without an enabled scheduler)."""
-        if self.noise_scheduler is None or not self.noise_scheduler.enabled:
-            return 0.0
-        max_steps = (
-            int(self.trainer.max_steps) if self._trainer is not None and (self.trainer.max_steps or 0) > 0 else 1
-        )
-        return self.noise_scheduler.sigma(step, max_steps)
+        return noise_sigma(self.noise_scheduler, step, self._max_steps())
 
     def noisy_norm_weights(self, step: int) -> dict[str, torch.Tensor]:
-        """The engine's RMSNorm weights for `step`: the trainer's clean ones + N(0, sigma(step)^2), a function of
-        (seed_everything, step) alone; {} without an enabled noise scheduler. The trainer's weights are not touched."""
-        if self.noise_scheduler is None or not self.noise_scheduler.enabled:
-            return {}
-        seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))  # the recipe's seed_everything (LightningCLI sets it)
-        clean = full_tensors(norm_weights(self.lm)) if self.sharded else norm_weights(self.lm)
-        return noisy_norms(clean, self.noise_sigma(step), seed, step)
+        """The engine's RMSNorm weights for `step` ({} without an enabled noise scheduler)."""
+        return noisy_norm_weights(self.lm, self.noise_scheduler, step, self._max_steps())
 
     # ---- training ---------------------------------------------------------------------------------
     def training_step(self, dataloader_iter) -> None:
@@ -303,7 +236,7 @@ class Policy(L.LightningModule):
         now = time.perf_counter()
         logs["step_time"], self._last_step_end = now - (self._last_step_end or start), now
         self._log_step(batch.step, logs)
-        if self._trainer is not None and self.trainer.default_root_dir and self.trainer.is_global_zero:
+        if self._attached and self.trainer.default_root_dir and self.trainer.is_global_zero:
             record_timeline(self.trainer.default_root_dir, "trainer", batch.step, wall_start, time.time())
 
     def train_batch(
@@ -334,7 +267,7 @@ class Policy(L.LightningModule):
             gather_step(float(totals), mb_metrics, weights) if world > 1 else (float(totals), mb_metrics, weights)
         )
         grad_norm = self._clip_gradients()
-        bad_dir = self.trainer.default_root_dir if self._trainer is not None and rank == 0 else None
+        bad_dir = self.trainer.default_root_dir if self._attached and rank == 0 else None
         stepped = self.guard.allows_step(totals, grad_norm, received if received is not None else batch, bad_dir)
         if stepped:
             opt.step()
@@ -343,7 +276,7 @@ class Policy(L.LightningModule):
 
     def _backward(self, loss: torch.Tensor) -> None:
         """Lightning's manual_backward under a Trainer (precision, strategy hooks); plain backward without (bench)."""
-        self.manual_backward(loss) if self._trainer is not None else loss.backward()
+        self.manual_backward(loss) if self._attached else loss.backward()
 
     def _gradient_sync(self, sync: bool):
         """A context that skips the gradient all-reduce (DDP's no_sync) or reduce-scatter (FSDP2) of a
@@ -351,7 +284,7 @@ class Policy(L.LightningModule):
         if self.sharded:
             self.lm.set_requires_gradient_sync(sync)
             return contextlib.nullcontext()
-        block = getattr(self.trainer.strategy, "block_backward_sync", None) if self._trainer is not None else None
+        block = getattr(self.trainer.strategy, "block_backward_sync", None) if self._attached else None
         return contextlib.nullcontext() if sync or block is None else block()
 
     def loss_inputs(self, mb: MicroBatch, batch: TrainingBatch) -> LossInputs:
@@ -375,8 +308,8 @@ class Policy(L.LightningModule):
             teacher_logprobs_T=self.teacher_logprobs(mb, batch.temperature) if self.teacher_model else None,
             expert_mask_T=mb.expert_mask_T.float(),
             expert_normalizer=float(max(batch.num_expert_tokens, 1)),
-            step=self.trainer.global_step if self._trainer else 0,
-            max_steps=max(int(self.trainer.max_steps), 1) if self._trainer else 1,
+            step=self.trainer.global_step if self._attached else 0,
+            max_steps=self._max_steps(),
         )
 
     @torch.no_grad()
@@ -386,7 +319,7 @@ class Policy(L.LightningModule):
             with self.lm.disable_adapter():
                 return self._logprobs(self.lm, mb, temperature)
         if self.ref_lm is None:
-            self.ref_lm = self._set_attention(
+            self.ref_lm = self._with_attention(
                 load_causal_lm(self.model_name, dtype=parse_dtype(self.dtype_name))
                 .to(self.device)
                 .eval()
@@ -398,7 +331,7 @@ class Policy(L.LightningModule):
     def teacher_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Logprobs under the frozen teacher (`teacher_model`), loaded on first use."""
         if self.teacher_lm is None:
-            self.teacher_lm = self._set_attention(
+            self.teacher_lm = self._with_attention(
                 load_teacher(self.teacher_model, self.model_name, parse_dtype(self.dtype_name)).to(self.device)
             )
         return self._logprobs(self.teacher_lm, mb, temperature)
@@ -463,7 +396,7 @@ class Policy(L.LightningModule):
 
     def configure_optimizers(self):
         opt = self.make_optimizer()
-        max_steps = max(int(self.trainer.max_steps), 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
+        max_steps = self._max_steps()
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: lr_factor(step, self.warmup_steps, max_steps, self.lr_schedule, self.min_lr_ratio)
         )
