@@ -64,6 +64,7 @@ UNIT_PATHS = (
     "test_prefix_tree.py",
     "test_metrics.py",
     "test_io.py",
+    "test_parse_recipe.py",
     "test_host_syncs.py",
     "test_logprobs.py",
     "test_recipes.py",

@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 import yaml
 from jsonargparse import Namespace
 
+from grpokit.cli.discovery import components
+from grpokit.cli.recipe_files import CONFIG_FLAGS, read_recipe_file, recipe_flags
+
 COMPONENT_KEYS = {  # recipe key -> registry kind (grpokit.cli.discovery.KINDS)
     "model.loss": "loss",
     "model.noise_scheduler": "noise",
@@ -112,38 +115,12 @@ def _component_keys(config: Namespace, prefix: str = "") -> tuple[list[str], lis
     return single, lists
 
 
-def _config_tree(path: str) -> dict | None:
-    """A `--config` file's contents; None for a missing or broken file (it gets its own clear error)."""
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return None
-
-
 def _lookup(tree, key: str):
     for part in key.split("."):
         if not isinstance(tree, dict) or part not in tree:
             return None
         tree = tree[part]
     return tree
-
-
-def _flags(argv: list[str]):
-    """(name, value) of every `--name value` and `--name=value` in argv, in order."""
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("-") and "=" in arg:
-            name, value = arg.split("=", 1)
-            i += 1
-        elif arg.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            name, value = arg, argv[i + 1]
-            i += 2
-        else:
-            i += 1
-            continue
-        yield name.lstrip("-"), value
 
 
 def _default_class(default) -> str | None:
@@ -163,8 +140,8 @@ def _histories(
     `key[i]`: jsonargparse merges a list given again element by element)."""
     histories = {k: _History(cls=_default_class(_get(defaults, k))) for k in keys}
     lengths = dict.fromkeys(list_keys, 0)
-    for flag, value in _flags(argv):
-        if flag in ("config", "c"):
+    for flag, value in recipe_flags(argv):
+        if flag in CONFIG_FLAGS:
             _apply_config(histories, lengths, keys, list_keys, value)
             continue
         for k in list_keys:
@@ -192,7 +169,7 @@ def _apply_config(
 ) -> None:
     """Apply a config file (the value of `--config`/`-c`) to the history of every single component and every
     list of components that it sets; a list it sets replaces the elements given so far."""
-    tree = _config_tree(value)
+    tree = read_recipe_file(value)
     for k in keys:
         node = _lookup(tree, k)
         if node is not None:
@@ -284,9 +261,9 @@ def _named_classes(value) -> list[str]:
 
 def _component_names(argv: list[str]):
     """(source, key, class name) for every class that argv's config files and flags name for a component key."""
-    for flag, value in _flags(argv):
-        if flag in ("config", "c"):
-            tree = _config_tree(value)
+    for flag, value in recipe_flags(argv):
+        if flag in CONFIG_FLAGS:
+            tree = read_recipe_file(value)
             for key in COMPONENT_KEYS:
                 for name in _named_classes(_lookup(tree, key)):
                     yield f"--config {value}", key, name
@@ -301,7 +278,6 @@ def _component_names(argv: list[str]):
 def check_component_names(argv: list[str]) -> None:
     """Raise ValueError for a short component name (no dots) that no registered class of the key's kind
     has, naming the key, the closest names and where to list them. Class paths are left to jsonargparse."""
-    from grpokit.cli.discovery import components
 
     for source, key, name in _component_names(argv):
         kind = COMPONENT_KEYS[key]

@@ -23,21 +23,29 @@ UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 UNKNOWN_INIT_ARG = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '(\w+)' is not accepted")
 
 
+class RecipeError(ValueError):
+    """A recipe that does not parse: the parser's one-line message and its did-you-mean."""
+
+
 class GrpoArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors are one line plus a suggestion; jsonargparse's debug mode
+    """LightningArgumentParser whose errors are one line plus a suggestion, printed before exiting, or
+    raised as RecipeError (`raise_errors`: grpokit.cli.parse_recipe); jsonargparse's debug mode
     (JSONARGPARSE_DEBUG=1: raise instead of exit) and parsers that do not exit on error keep its own."""
 
     # what the error names (not sys.argv[0]: `python -m grpokit.cli`, pytest); make_cli sets the role's
     command = "grpokit fit"
+    raise_errors = False
 
     @classmethod
-    def for_command(cls, command: str) -> type[GrpoArgumentParser]:
-        return type(cls.__name__, (cls,), {"command": command})
+    def for_command(cls, command: str, raise_errors: bool = False) -> type[GrpoArgumentParser]:
+        return type(cls.__name__, (cls,), {"command": command, "raise_errors": raise_errors})
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() not in ("", "0", "false"):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
+        if self.raise_errors:
+            raise RecipeError(f"{message}{suggestion(message, parser)}") from ex
         sys.stderr.write(
             f"{self.command}: error: {message}{suggestion(message, parser)}\n(`{self.command} "
             "--help` lists every option)\n"

@@ -17,12 +17,15 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
 from grpokit.inference import InferenceEngine
+from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.vllm.launch import start_for_fit
 from grpokit.orchestrator import Orchestrator
+from grpokit.orchestrator.pools import restart_log
 from grpokit.run import RunContext, Startup, open_run, start_engine
 from grpokit.trainer.callbacks import ShareBaseWeights, WeightSync
 from grpokit.trainer.checkpoint import (
@@ -48,6 +51,7 @@ class GrpoCLI(LightningCLI):
 
     role = "fit"
     startup = Startup()  # make_cli gives each start its own
+    resolve_only = False  # parse_recipe: stop after parsing, with the resolved recipe
     run: RunContext  # set by before_instantiate_classes
 
     @staticmethod
@@ -64,6 +68,8 @@ class GrpoCLI(LightningCLI):
         sub = self.config.get("subcommand")
         config, subparser = (self.config[sub], self._subcommand_parsers[sub]) if sub else (self.config, parser)
         reset_carried_init_args(args, config, subparser.get_defaults())
+        if self.resolve_only:
+            raise _Resolved(subparser.dump(config, skip_unset=False, skip_default=False, with_comments=False))
         if printing:
             flags = {f for f in printing[-1].partition("=")[2].split(",") if f}
             sys.stdout.write(
@@ -77,8 +83,6 @@ class GrpoCLI(LightningCLI):
             raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        from grpokit.broadcast.filesystem import FilesystemBroadcast
-        from grpokit.inference.builtin import BuiltinEngine
 
         parser.add_argument(
             "--output_dir", type=str, default="outputs", help="Folder that holds one subfolder per run."
@@ -180,7 +184,6 @@ class GrpoCLI(LightningCLI):
         """ckpt.skip_progress: archive the earlier count's files, keep its easy/hard pools (unless
         ckpt.skip_buffer), and load the checkpoint's weights when fit starts. Global rank 0 alone
         archives; every rank loads the weights from the archive (LoadWeights)."""
-        from grpokit.orchestrator.pools import restart_log
 
         if self.trainer.is_global_zero:
             archive = archive_progress(self.run.run_dir)
@@ -216,6 +219,23 @@ def make_cli(argv: list[str], run: bool = True, role: str = "fit", startup: Star
     """Parse `argv` (a subcommand first when run=True) and build every component; run it if asked.
     `startup` records how far the start got (grpokit.main prints errors before that as one line)."""
     cls = type(f"GrpoCLI_{role}", (GrpoCLI,), {"role": role, "startup": startup or Startup()})
+    return _construct(cls, argv, run, GrpoArgumentParser.for_command(f"grpokit {role}"))
+
+
+def parse_recipe(argv: list[str]) -> str:
+    """The resolved recipe (YAML) of `grpokit fit argv`: the recipe files, overlays and flags parsed and
+    checked, every default filled in, component swaps reset (grpokit.cli.component_args), nothing
+    built. A recipe that does not parse raises RecipeError (a ValueError) with the parser's one-line
+    message and its did-you-mean. What a sweep resolves each run with before launching any."""
+    cls = type("GrpoCLI_resolve", (GrpoCLI,), {"resolve_only": True, "startup": Startup()})
+    try:
+        _construct(cls, ["fit", *argv], True, GrpoArgumentParser.for_command("grpokit fit", raise_errors=True))
+    except _Resolved as resolved:
+        return resolved.recipe
+    raise AssertionError("GrpoCLI.parse_arguments returns the resolved recipe before anything is built")
+
+
+def _construct(cls: type[GrpoCLI], argv: list[str], run: bool, parser_class) -> GrpoCLI:
     return cls(
         Policy,
         Orchestrator,
@@ -223,5 +243,13 @@ def make_cli(argv: list[str], run: bool = True, role: str = "fit", startup: Star
         run=run,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
-        parser_class=GrpoArgumentParser.for_command(f"grpokit {role}"),
+        parser_class=parser_class,
     )
+
+
+class _Resolved(Exception):  # noqa: N818 (control flow, not an error)
+    """parse_recipe's way out of LightningCLI's constructor once the recipe is parsed."""
+
+    def __init__(self, recipe: str) -> None:
+        super().__init__("recipe resolved")
+        self.recipe = recipe

@@ -1,4 +1,7 @@
-"""Recipe files read once before jsonargparse parses them, so a YAML syntax error names its file.
+"""The recipe's sources as grpokit reads them before jsonargparse does: the flags of argv in order
+(`recipe_flags`), its `--config` files (`config_paths`, `read_recipe_file`), and a YAML syntax check that
+names the broken file. The one reader of argv and of recipe files for the component checks and resets
+(grpokit.cli.component_args) and for this check.
 
 jsonargparse reports a broken YAML file as "Problems parsing config: ... in "<unicode string>", line 2",
 which does not say which of several `--config` files it is. Missing files and inline YAML strings are
@@ -11,16 +14,38 @@ from pathlib import Path
 
 import yaml
 
+CONFIG_FLAGS = ("config", "c")  # --config PATH, --config=PATH, -c PATH
+
+
+def recipe_flags(argv: list[str]):
+    """(name, value) of every `--name value` and `--name=value` in argv, in order (name without dashes)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and "=" in arg:
+            name, value = arg.split("=", 1)
+            i += 1
+        elif arg.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            name, value = arg, argv[i + 1]
+            i += 2
+        else:
+            i += 1
+            continue
+        yield name.lstrip("-"), value
+
 
 def config_paths(argv: list[str]) -> list[str]:
     """The values of every `--config PATH`, `--config=PATH` and `-c PATH` in `argv`."""
-    paths = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            paths.append(argv[i + 1])
-        elif arg.startswith("--config="):
-            paths.append(arg.split("=", 1)[1])
-    return paths
+    return [value for name, value in recipe_flags(argv) if name in CONFIG_FLAGS]
+
+
+def read_recipe_file(path: str) -> dict | None:
+    """A `--config` file's contents; None for a missing or broken file (it gets its own clear error)."""
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
 
 
 def check_recipe_files(argv: list[str]) -> None:
