@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import torch
 
+from grpokit.common.models import load_causal_lm
+
 SHAPES = {
     # Qwen3-0.6B's published config (hidden 1024, 28 layers, 16 q heads / 8 kv heads of 128, vocab 151936)
     "qwen3-0.6b": dict(
@@ -58,8 +60,6 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     """A causal LM in eval mode on `device`: a shape from SHAPES (random init, seed 0) or a model name."""
     torch.manual_seed(0)
     if name not in SHAPES:
-        from grpokit.common.models import load_causal_lm
-
         return load_causal_lm(name, dtype=dtype).to(device).eval()
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 

@@ -32,6 +32,7 @@ from grpokit.bench.generate import device_name
 from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import peak_gib, reset_peak, timed
 from grpokit.bench.trainer import bench_policy, micro_batch, packed_batch, sample_with_policy
+from grpokit.trainer.logprobs import packed_attention_mask
 from grpokit.types import TrainingBatch
 
 
@@ -49,7 +50,6 @@ def naive_lora_model(name: str, dtype: torch.dtype, device: str, rank: int):
 
 
 def naive_logprobs(lm, ids_T, pos_T, lens_N):
-    from grpokit.trainer.logprobs import packed_attention_mask
 
     mask = packed_attention_mask(lens_N, next(lm.parameters()).dtype)
     logits_TV = lm(input_ids=ids_T[None], position_ids=pos_T[None], attention_mask=mask).logits[0].float()

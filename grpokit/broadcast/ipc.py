@@ -32,6 +32,7 @@ from multiprocessing import resource_tracker, shared_memory
 import torch
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.broadcast.cuda_ipc import open_shared, share
 from grpokit.common.io import atomic_write_json
 from grpokit.types import WeightUpdate
 
@@ -124,7 +125,6 @@ class IPCBroadcast(WeightBroadcast):
         return None
 
     def _publish_cuda(self, update: WeightUpdate, wire: dict[str, torch.Tensor]) -> None:
-        from grpokit.broadcast.cuda_ipc import share
 
         buffers = {k: v.detach().clone() for k, v in wire.items()}  # the trainer's own tensors keep changing
         torch.cuda.synchronize()  # the clones are complete before any reader maps them
@@ -137,7 +137,6 @@ class IPCBroadcast(WeightBroadcast):
         self._prune(update.step)
 
     def _read_cuda(self, step: int, index: dict) -> WeightUpdate:
-        from grpokit.broadcast.cuda_ipc import open_shared
 
         own = self._cuda.get(step)
         if own is not None and index.get("pid") == os.getpid():

@@ -15,6 +15,9 @@ import signal
 from dataclasses import dataclass
 
 from grpokit.inference import InferenceEngine
+from grpokit.inference.builtin import BuiltinEngine
+from grpokit.inference.server.http import serve
+from grpokit.inference.vllm.launch import start_recipe_vllm
 from grpokit.orchestrator.weights import weight_source
 from grpokit.run import start_engine
 
@@ -42,8 +45,6 @@ class ServerSettings:
 
 def infer(cli) -> int:
     """Serve the recipe's model, loading each newly published step from the run's broadcast."""
-    from grpokit.inference.builtin import BuiltinEngine
-    from grpokit.inference.server.http import serve
 
     config = cli.config_init
     settings: ServerSettings = config["server"]
@@ -78,7 +79,6 @@ def infer_vllm(cli, engine, settings: ServerSettings) -> int:
     this process only keeps the server up, forwards the stop signal and reports a server that died on its
     own (its exit code).
     """
-    from grpokit.inference.vllm.launch import start_recipe_vllm
 
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
     server = None

@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 
 from grpokit.common.checksums import tensors_sha256
-from grpokit.common.models import load_causal_lm, load_tokenizer, parse_dtype
-from grpokit.common.noisy_norms import apply_norm_weights
+from grpokit.common.models import load_causal_lm, load_tokenizer, parse_dtype, unwrap_peft
+from grpokit.common.noisy_norms import apply_norm_weights, norm_weights
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
@@ -127,8 +127,6 @@ class BuiltinEngine(InferenceEngine):
         quantized or sharded (dtype or shape differ). Captured CUDA graphs read the old addresses, so
         the fast path's runner is rebuilt.
         """
-        from grpokit.common.models import unwrap_peft
-        from grpokit.common.noisy_norms import norm_weights
 
         def base_name(name: str) -> str:
             return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

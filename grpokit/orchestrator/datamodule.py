@@ -27,8 +27,10 @@ from grpokit.orchestrator.evaluation import EvalSettings
 from grpokit.orchestrator.experts import ExpertSettings
 from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
+from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.trainer.distributed import rank_and_world, share_batch
 from grpokit.transport import Transport
+from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import TrainingBatch
 
 log = logging.getLogger(__name__)
@@ -115,12 +117,8 @@ class Orchestrator(L.LightningDataModule):
                 f"data.max_async_level ({max_async_level}): every batch may be that stale"
             )
         if advantage is None:
-            from grpokit.registry.advantages.group_norm import GroupNorm
-
             advantage = GroupNorm()
         if transport is None:
-            from grpokit.transport.filesystem import FilesystemTransport
-
             transport = FilesystemTransport()
         self.env_specs = env or [EnvSpec(id="reverse-text")]
         self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example

@@ -6,7 +6,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from grpokit.sweep.spec import SweepError
+from grpokit.sweep.launchers import make_launcher
+from grpokit.sweep.recording import record, replay
+from grpokit.sweep.runner import SweepRunner
+from grpokit.sweep.spec import SweepError, load_sweep
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -27,9 +30,6 @@ def sweep_main(argv: list[str]) -> int:
         "--sweep_dir", default=None, help="the sweep folder (default: {output_dir}/{name} of the sweep file)"
     )
     args, recipe_extra = parser.parse_known_args(argv)
-    from grpokit.sweep.launchers import make_launcher
-    from grpokit.sweep.runner import SweepRunner
-    from grpokit.sweep.spec import load_sweep
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -82,7 +82,6 @@ def rollouts_main(argv: list[str]) -> int:
             f"usage: {usage}\n  record: run the recipe (a grpokit fit) and keep its training "
             "batches in DIR\n  replay: train on the batches in DIR (needs --run_name), no sampling"
         )
-    from grpokit.sweep.recording import record, replay
 
     command, folder, recipe_argv = argv[0], Path(argv[1]), argv[2:]
     if command == "record":

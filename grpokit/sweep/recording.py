@@ -17,7 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from grpokit.cli import make_cli
 from grpokit.common.io import atomic_write_bytes, atomic_write_json
+from grpokit.sweep.resolve import resolve_config
 from grpokit.transport.recorded import FORMAT, MANIFEST, VERSION, batch_file, read_manifest
 
 KEEP_EVERY_BATCH = json.dumps(
@@ -37,7 +39,6 @@ def replay_transport(folder: str | Path) -> dict:
 
 def record(dest: Path, recipe_argv: list[str]) -> Path:
     """Run `grpokit fit recipe_argv` keeping every batch, then copy the batches to `dest`."""
-    from grpokit.cli import make_cli
 
     cli = make_cli(["fit", *recipe_argv, "--data.transport", KEEP_EVERY_BATCH])
     return export(cli.run.run_dir, dest, int(cli.trainer.max_steps))
@@ -68,8 +69,6 @@ def export(run_dir: Path, dest: Path, num_steps: int) -> Path:
 def replay(folder: Path, recipe_argv: list[str]):
     """Train on the recorded batches in `folder`: `grpokit train` with the RecordedRollouts transport, after
     checking that the recipe keeps the recording's data section and asks for at most the recorded steps."""
-    from grpokit.cli import make_cli
-    from grpokit.sweep.resolve import resolve_config
 
     argv = [*recipe_argv, "--data.transport", json.dumps(replay_transport(folder))]
     recorded_steps = len(read_manifest(folder)["sha256"])

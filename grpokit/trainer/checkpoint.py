@@ -25,6 +25,7 @@ import lightning as L
 import torch
 
 from grpokit.common.io import atomic_path
+from grpokit.trainer.fsdp import load_full_state_dict
 from grpokit.transport import Transport
 
 CKPT = re.compile(r"^step_(\d+)\.ckpt$")
@@ -201,8 +202,6 @@ class LoadWeights(L.Callback):
                 f"({unexpected[:3]}): was it written with another model or LoRA setup?"
             )
         if getattr(pl_module, "sharded", False):  # FSDP2: every rank loads its shards of the full tensors
-            from grpokit.trainer.fsdp import load_full_state_dict
-
             load_full_state_dict(pl_module, state)
             return
         pl_module.load_state_dict(state, strict=False)

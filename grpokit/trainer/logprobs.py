@@ -12,7 +12,9 @@ import inspect
 
 import torch
 
+from grpokit.common.models import unwrap_peft
 from grpokit.common.prefix_tree import prefix_tree
+from grpokit.trainer.varlen import NAME as VARLEN
 from grpokit.types import PrefixTree
 
 
@@ -190,8 +192,6 @@ def packed_token_logprobs(
     it needs the dense attention path. `tree` is the packed row's prefix tree when the caller has it
     (MicroBatch.prefix_tree); without it, it is built here.
     """
-    from grpokit.common.models import unwrap_peft
-    from grpokit.trainer.varlen import NAME as VARLEN
 
     lm = unwrap_peft(model)
     device = input_ids_T.device

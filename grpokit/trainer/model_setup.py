@@ -14,6 +14,7 @@ from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_
 from grpokit.trainer.fsdp import shard_model
 from grpokit.trainer.lora import LoraSettings, add_lora
 from grpokit.trainer.quantization import check_nf4
+from grpokit.trainer.varlen import use_varlen
 
 
 def uses_varlen(attention: str, device: torch.device) -> bool:
@@ -39,8 +40,6 @@ def chunk_size(setting: int | None, device: torch.device) -> int:
 def set_attention(lm: torch.nn.Module, attention: str, device: torch.device) -> torch.nn.Module:
     """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.trainer.varlen)."""
     if uses_varlen(attention, device):
-        from grpokit.trainer.varlen import use_varlen
-
         use_varlen(lm)
     return lm
 

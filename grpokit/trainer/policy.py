@@ -23,6 +23,7 @@ from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
 from grpokit.loss import Loss, LossInputs, check_experts
 from grpokit.noise import NoiseScheduler
+from grpokit.registry.losses.aipo import AIPO
 from grpokit.trainer.distributed import gather_step, rank_and_world, rank_share
 from grpokit.trainer.fsdp import is_fsdp, is_sharded
 from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
@@ -108,8 +109,6 @@ class Policy(L.LightningModule):
         """
         super().__init__()
         if loss is None:
-            from grpokit.registry.losses.aipo import AIPO
-
             loss = AIPO()
         self.model_name, self.lora, self.loss = model, lora, loss
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)

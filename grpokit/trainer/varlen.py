@@ -16,6 +16,8 @@ import inspect
 import torch
 import torch.nn.functional as F
 
+from grpokit.common.models import unwrap_peft
+
 NAME = "grpokit_varlen"
 
 
@@ -74,7 +76,6 @@ def register() -> str:
 def use_varlen(model: torch.nn.Module) -> None:
     """Switch `model` (and a peft wrapper's base) to the varlen backend."""
     register()
-    from grpokit.common.models import unwrap_peft
 
     target = unwrap_peft(model)
     if hasattr(target, "set_attn_implementation"):

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.common.models import resolve_model
+
 GIB = 1 << 30
 OVERHEAD_BYTES = 2 * GIB
 ACTIVATION_VALUES_PER_HIDDEN = 17
@@ -57,8 +59,6 @@ def model_shape(
 ) -> ModelShape:
     """Read the shape of `model` (alias, HF id or folder) by building it on the meta device (no weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from grpokit.common.models import resolve_model
 
     config = AutoConfig.from_pretrained(resolve_model(model))
     with torch.device("meta"):

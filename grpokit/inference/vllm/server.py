@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpokit
+from grpokit.common.models import resolve_model
+from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
 
 log = logging.getLogger(__name__)
 
@@ -314,8 +316,6 @@ def start_vllm(
     worker_extension: str | None = None,
 ) -> VLLMServer:
     """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
-    from grpokit.common.models import resolve_model
-    from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
 
     utilization = None
     if serve.colocate and serve.gpu_memory_utilization is None:
