@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.types import MicroBatch, PrefixTree, TrainingBatch
+from grpokit.types import MicroBatch, PrefixTree
 
 __all__ = ["PrefixTree", "attach_prefix_trees", "prefix_tree"]
 
@@ -58,12 +58,11 @@ def prefix_tree(input_ids_T: torch.Tensor, position_ids_T: torch.Tensor, seq_len
     return PrefixTree(as_tensor(tokens), as_tensor(depths), as_tensor(node_T), as_tensor(parents))
 
 
-def attach_prefix_trees(batch: TrainingBatch) -> TrainingBatch:
-    """Give each micro-batch of `batch` its prefix tree, built once here (on the batch's device: call it
-    on the CPU copy) and carried with the micro-batch; micro-batches that have one keep it."""
-    for mb in batch.micro_batches:
+def attach_prefix_trees(micro_batches: list[MicroBatch]) -> None:
+    """Give each micro-batch its prefix tree, built once here (on the micro-batches' device: call it on
+    the CPU copy) and carried with the micro-batch; micro-batches that have one keep it."""
+    for mb in micro_batches:
         tree_of(mb)
-    return batch
 
 
 def tree_of(mb: MicroBatch) -> PrefixTree:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
-from grpokit.types import MicroBatch, Rollout, TrainingBatch
+from grpokit.types import MicroBatch, Rollout
 
 
 def check_fits(length: int, capacity: int) -> None:
@@ -100,7 +100,7 @@ def pack(
         _micro_batch([rollouts[i] for i in b], [advantages[i] for i in b], [trainable[i] for i in b]) for b in bins
     ]
     if prefix_tree:  # the trainer runs these trees: built once here, carried with the batch
-        attach_prefix_trees(TrainingBatch(step=-1, micro_batches=micro_batches))
+        attach_prefix_trees(micro_batches)
     return micro_batches
 
 

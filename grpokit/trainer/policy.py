@@ -208,7 +208,7 @@ class Policy(L.LightningModule):
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
         received: TrainingBatch = next(dataloader_iter)[0]
         if self.share_prefixes:
-            attach_prefix_trees(received)  # on the host, once per micro-batch (the orchestrator may have)
+            attach_prefix_trees(received.micro_batches)  # on the host, once per micro-batch (the orchestrator may have)
         batch = move_data_to_device(received, self.device)  # with the iterator, Lightning leaves the transfer to us
         check_experts(self.loss, batch)
         start, wall_start = time.perf_counter(), time.time()

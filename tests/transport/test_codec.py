@@ -13,7 +13,7 @@ from grpokit.transport.codec import BatchFormatError, decode_batch, encode_batch
 
 def test_prefix_trees_travel_with_their_micro_batches():
     batch = make_training_batch(3)
-    attach_prefix_trees(batch)
+    attach_prefix_trees(batch.micro_batches)
     batch.micro_batches[1].prefix_tree = None  # one micro-batch without a tree stays without
     decoded = decode_batch(encode_batch(batch))
     assert_same_batch(decoded, batch)
