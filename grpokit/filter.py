@@ -13,7 +13,8 @@ from grpokit.types import Rollout
 
 
 class Filter(ABC):
-    """Contract: `filter.flag(rollouts) -> list[bool]`, True where the rollout is flagged.
+    """Contract: `filter.flag(rollouts) -> list[bool]`, True where the rollout is flagged, after
+    `filter.connect(tokenizer)`.
 
     Args:
         enforce: mask flagged rollouts out of the loss (True) or only count them (False).
@@ -25,6 +26,11 @@ class Filter(ABC):
     @property
     def name(self) -> str:
         return type(self).__name__.lower()
+
+    def connect(self, tokenizer) -> None:
+        """Called once by the rollout loop, before any flag(), with the policy's tokenizer (a Hugging
+        Face tokenizer; len(tokenizer) is its vocabulary): a filter that depends on the vocabulary
+        resolves it here rather than asking the recipe for it. Does nothing by default."""
 
     @abstractmethod
     def flag(self, rollouts: list[Rollout]) -> list[bool]:

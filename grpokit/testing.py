@@ -173,9 +173,24 @@ def check_advantage(advantage: Advantage) -> None:
     assert advantage.token_advantages([]) == [], f"{name}: token_advantages([]) must be []"
 
 
+class StubTokenizer:
+    """The policy's tokenizer as check_filter gives it to `Filter.connect`: a vocabulary of `size` ids
+    (len), each decoding to one letter."""
+
+    def __init__(self, size: int = 1000) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in token_ids)
+
+
 def check_filter(flt: Filter) -> None:
-    """One bool per rollout; an empty list gives an empty list."""
+    """Once connected to a tokenizer, one bool per rollout; an empty list gives an empty list."""
     name = type(flt).__name__
+    flt.connect(StubTokenizer())
     rollouts = [
         Rollout(
             example_id=i,

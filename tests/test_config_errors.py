@@ -24,7 +24,7 @@ CASES = [
     (["--data.sampling.top_p", "1.5"], r"top_p must be in \(0, 1\]"),
     (["--data.sampling.max_tokens", "0"], r"max_tokens must be >= 1"),
     (["--data.buffer.max_resample_times", "-2"], r"max_resample_times must be >= 0"),
-    (["--data.eval.num_examples", "0"], r"num_examples >= 1"),
+    (["--data.eval.num_examples", "0"], r"data.eval.num_examples must be >= 1, or -1 for every example"),
     (["--ckpt.keep_last", "0"], r"keep_last >= 1"),
     (["--trainer.max_steps", "-1"], r"trainer.max_steps must be a positive number"),
     (["--model.loss.init_args.token_mask_high", "0.5"], r"token_mask_low <= 1 <= token_mask_high"),

@@ -18,5 +18,7 @@ def test_tiny_fit_matches_the_recorded_run(tmp_path, tiny_model):
     got = golden.run(tmp_path, tiny_model)
     assert got["reward"] == expected["reward"]  # the same completions were sampled
     assert got["tokens"] == expected["tokens"]
-    for key in ("loss", "grad_norm"):  # float32 sums: equal up to the summation order of the CPU kernels
-        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    # float32 sums: equal up to the summation order of the CPU kernels, which differs between CPU models
+    # (recorded on the machine of 2026-11; an AMD EPYC gives the same rewards and tokens, losses within 6e-5)
+    for key in ("loss", "grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=2e-4, abs=2e-6), key

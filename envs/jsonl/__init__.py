@@ -2,8 +2,8 @@
 
 Each non-blank line of `path` is a JSON object; `input_key` (default "question") is the prompt and
 `output_key` (default "answer") the reference. `num_tasks` keeps the first rows (all when unset). A
-missing file, a line that is not a JSON object, or a row without a key is an error naming the file,
-line and key. envs/jsonl/example.jsonl (installed next to this module, `EXAMPLE_PATH`) shows the format.
+missing file, a line that is not UTF-8 or not a JSON object, or a row without a key is an error naming
+the file, line and key. envs/jsonl/example.jsonl (installed next to this module, `EXAMPLE_PATH`) shows the format.
 
 Reward `correct`, chosen by `task.match`:
 - "exact": 1.0 when the stripped reply equals the stripped answer.
@@ -37,11 +37,12 @@ def read_rows(path: Path, input_key: str, output_key: str, num_tasks: int | None
     """(line number, input, output) for the first `num_tasks` rows of `path`."""
     if not path.is_file():
         raise FileNotFoundError(f"jsonl: no file {path} (a relative path is read from {Path.cwd()})")
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:  # bad bytes are reported per line below
         rows = 0
         for lineno, line in enumerate(f, start=1):
             if num_tasks is not None and rows >= num_tasks:
                 return
+            check_utf8(line, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -53,6 +54,20 @@ def read_rows(path: Path, input_key: str, output_key: str, num_tasks: int | None
             question = row_text(row, input_key, "input_key", path, lineno)
             yield lineno, question, row_text(row, output_key, "output_key", path, lineno)
             rows += 1
+
+
+def check_utf8(line: str, path: Path, lineno: int) -> None:
+    """Refuse a line holding bytes that are not UTF-8. Read with errors="surrogateescape", each such byte
+    is a lone surrogate (U+DC80..U+DCFF), which valid UTF-8 never decodes to; Python's own error would
+    name neither the file nor the line."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(line[e.start]) - 0xDC00
+        raise ValueError(
+            f"jsonl: {path} line {lineno}: not UTF-8 (byte 0x{byte:02x} at character {e.start + 1}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def row_text(row: dict, key: str, arg: str, path: Path, lineno: int) -> str:

@@ -36,6 +36,11 @@ class GrpoArgumentParser(LightningArgumentParser):
     command = "grpokit fit"
     raise_errors = False
 
+    def __init__(self, *args, **kwargs) -> None:
+        # no prefix matching: argparse would take `--trainer.max_step 5` as trainer.max_steps
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     @classmethod
     def for_command(cls, command: str, raise_errors: bool = False) -> type[GrpoArgumentParser]:
         return type(cls.__name__, (cls,), {"command": command, "raise_errors": raise_errors})

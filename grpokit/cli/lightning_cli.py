@@ -14,10 +14,12 @@ from pathlib import Path
 
 import torch
 from jsonargparse import lazy_instance
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.cli.checks import check_recipe
 from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
@@ -116,10 +118,7 @@ class GrpoCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.trainer.max_steps is None or config.trainer.max_steps < 1:
-            raise ValueError(
-                f"trainer.max_steps must be a positive number of GRPO steps, got {config.trainer.max_steps}"
-            )
+        check_recipe(config)  # values that go wrong only together, the run folder's place, the seeds
         check_strategy_name(config.trainer.strategy)
         self.run = open_run(config, self.role, trains=bool(self.subcommand), startup=self.startup)
         config.trainer.default_root_dir = str(self.run.run_dir)
@@ -132,7 +131,9 @@ class GrpoCLI(LightningCLI):
     def before_fit(self) -> None:
         use_step_progress_bar(self.trainer)  # "GRPO step 12/50", not Lightning's "Epoch 0/-2"
         self._wire_roles()
-        self.startup.started = True  # from here on, an error is a training failure: its traceback is printed
+        # the model is built (and its LoRA targets checked) inside trainer.fit: once training starts, an
+        # error is a training failure and its traceback is printed
+        self.trainer.callbacks.append(MarkStarted(self.startup))
 
     def _wire_roles(self) -> None:
         config, run = self.config_init[self.subcommand], self.run
@@ -204,6 +205,16 @@ class GrpoCLI(LightningCLI):
             self.trainer.callbacks.append(
                 Checkpointer(self.run.run_dir / "checkpoints", settings, self.datamodule.transport)
             )
+
+
+class MarkStarted(Callback):
+    """Records in `startup` that training began (grpokit.main prints errors before that as one line)."""
+
+    def __init__(self, startup: Startup) -> None:
+        self.startup = startup
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.startup.started = True
 
 
 def with_csv_logger(logger, run_dir: Path, resume_step: int | None):

@@ -38,6 +38,13 @@ def resolve_model(name: str) -> str:
                 f"model.model {name!r}: no such folder. Set it to a local "
                 f"model folder, an HF id, or one of {sorted(GGUF_ALIASES)}"
             )
+        folder = Path(name).expanduser()
+        if folder.is_dir() and not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.model {name!r}: the folder has no config.json, so it is not a saved model "
+                f"(it holds {sorted(p.name for p in folder.iterdir())[:10]}). Set it to a folder written by "
+                "save_pretrained, an HF id, or one of " + str(sorted(GGUF_ALIASES))
+            )
         return name
     package, gguf_file, folder = GGUF_ALIASES[name]
     target = cache_dir() / "models" / folder

@@ -23,7 +23,8 @@ class SamplingSettings:
         top_p: nucleus sampling mass.
         max_tokens: completion length cap; a completion that reaches it without a stop is truncated.
         stop: strings that end a completion (the stop string is kept in the completion).
-        seed: seed of the sampler; the orchestrator derives each step's seed from it and the step.
+        seed: seed of the sampler; the orchestrator derives each step's seed from it and the step. null =
+            data.seed (itself seed_everything unless set), so a seed sweep varies the rollouts.
         min_tokens: stop tokens (EOS) are masked, and stop strings ignored, until a completion has this
             many tokens (vLLM's min_tokens). Logprobs are of the masked distribution.
         repetition_penalty: CTRL's penalty on tokens already in the prompt or completion (> 1 discourages
@@ -36,7 +37,7 @@ class SamplingSettings:
     top_p: float = 1.0
     max_tokens: int = 64
     stop: list[str] = field(default_factory=list)
-    seed: int = 0
+    seed: int | None = None
     min_tokens: int = 0
     repetition_penalty: float = 1.0
 
@@ -47,6 +48,11 @@ class SamplingSettings:
             raise ValueError(f"data.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"data.sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(
+                f"data.sampling.stop must be non-empty strings, got {self.stop!r}: an empty stop string "
+                "matches at once and every completion would end after one token"
+            )
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(
                 f"data.sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"

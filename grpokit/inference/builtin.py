@@ -161,7 +161,7 @@ class BuiltinEngine(InferenceEngine):
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
-        generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        generator = torch.Generator(device=self.device).manual_seed(sampling.seed or 0)  # null: not from a recipe (tests, bench)
         flat = [ids for ids in prompts for _ in range(n)]
         if self.fast:
             with self._own_stream():

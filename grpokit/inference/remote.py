@@ -127,7 +127,7 @@ class RemoteEngine(InferenceEngine):
             "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
             "top_p": sampling.top_p,
             "stop": sampling.stop or None,
-            "seed": sampling.seed * 100_003 + index,
+            "seed": (sampling.seed or 0) * 100_003 + index,
             "logprobs": 0,
             "return_token_ids": True,
         }

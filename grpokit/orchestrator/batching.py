@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from grpokit.advantage import Advantage
+
 
 @dataclass(frozen=True)
 class BatchShape:
@@ -49,7 +53,9 @@ def resolve_batch_shape(
             f"data.rollouts_per_example ({rollouts_per_example}) and its "
             f"alias data.num_generations ({num_generations}) disagree: set one"
         )
-    g = rollouts_per_example or num_generations or 8
+    g = next((v for v in (rollouts_per_example, num_generations) if v is not None), 8)
+    if g < 1:
+        raise ValueError(f"data.rollouts_per_example must be >= 1 (completions per prompt, the group size G), got {g}")
     if num_iterations < 1:
         raise ValueError(
             f"data.num_iterations must be >= 1 (optimizer passes over one generation), got {num_iterations}"
@@ -101,3 +107,23 @@ def _split_generation(
             f"({batch_size}) * data.steps_per_generation ({steps_per_generation})"
         )
     return batch_size, steps_per_generation
+
+
+def check_group_size(advantage: Advantage, rollouts_per_example: int) -> None:
+    """Refuse groups of one rollout when the advantage has nothing to compare them with.
+
+    A group-relative advantage (GroupNorm, DrGRPO, LeaveOneOut, ...) of a lone rollout is 0 (or 0/0):
+    every step would train on nothing, silently. The advantage itself is asked, on four groups of one
+    with different rewards, so one whose baseline is the batch (ReinforcePP without the group mean)
+    still runs with G = 1.
+    """
+    if rollouts_per_example > 1:
+        return
+    rewards_P1 = torch.tensor([[0.0], [1.0], [0.5], [2.0]], dtype=torch.float64)
+    advantages_P1 = advantage(rewards_P1, torch.ones_like(rewards_P1))
+    if not torch.isfinite(advantages_P1).all() or (advantages_P1 == 0).all():
+        raise ValueError(
+            f"data.rollouts_per_example is 1, and data.advantage {type(advantage).__name__} gives a group of one "
+            "rollout advantage 0 (nothing would be learned): set data.rollouts_per_example >= 2, or use an "
+            "advantage with a batch baseline (ReinforcePP with subtract_group_mean: false)"
+        )

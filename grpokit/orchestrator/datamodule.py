@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -20,7 +21,7 @@ from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
-from grpokit.orchestrator.batching import resolve_batch_shape
+from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.environment import EnvSpec
 from grpokit.orchestrator.evaluation import EvalSettings
@@ -29,7 +30,7 @@ from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.trainer.distributed import rank_and_world, share_batch
-from grpokit.transport import Transport
+from grpokit.transport import Transport, checked_step
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import TrainingBatch
 
@@ -53,7 +54,7 @@ class Orchestrator(L.LightningDataModule):
         packing: Literal["auto", "tokens", "prefix_tree"] = "auto",
         max_async_level: int = 1,
         max_off_policy_steps: int = 8,
-        seed: int = 0,
+        seed: int | None = None,
         buffer: BufferSettings | None = None,
         eval: EvalSettings | None = None,
         num_logged_samples: int = 4,
@@ -88,7 +89,8 @@ class Orchestrator(L.LightningDataModule):
             buffer: which groups are trained on (online difficulty filtering, dynamic sampling), which
                 examples are sampled (easy/hard pools, dedup by hash_keys), skip_verification.
             eval: online evaluation every few steps (null disables it).
-            seed: seed of the prompt order.
+            seed: seed of the prompt order (and of sampling, unless data.sampling.seed is set). null =
+                seed_everything, so replicates over seed_everything differ in prompts and rollouts.
             num_logged_samples: completions per step written to samples.jsonl.
             timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
             generation_batch_size: rollouts sampled per generation (ms-swift); = batch_size * steps_per_generation.
@@ -118,12 +120,16 @@ class Orchestrator(L.LightningDataModule):
             )
         if advantage is None:
             advantage = GroupNorm()
+        check_group_size(advantage, rollouts_per_example)
         if transport is None:
             transport = FilesystemTransport()
         self.env_specs = env or [EnvSpec(id="reverse-text")]
         self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
         self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
+        seed = 0 if seed is None else seed  # the CLI fills null from seed_everything; 0 when built directly
         self.sampling = sampling or SamplingSettings()
+        if self.sampling.seed is None:
+            self.sampling = replace(self.sampling, seed=seed)
         if temp_scheduler is not None and self.sampling.temperature is not None:
             raise ValueError(
                 "set either data.sampling.temperature or data.temp_scheduler, "
@@ -178,8 +184,25 @@ class Orchestrator(L.LightningDataModule):
         try:
             self.loop.run(first_step)
         except BaseException as e:  # surfaced to the trainer thread by receive()
+            if self.loop.stopping.is_set():  # the trainer ended (done, Ctrl-C, its own error) and stopped it
+                log.info("rollout thread stopped: %s", e)
+                return
             log.exception("orchestrator failed")
             self._error = e
+
+    def stop(self) -> None:
+        """End the rollout thread (co-locate mode) and wait for it; it stops at its next step or weight
+        poll. Called at teardown and when training fails: a thread still inside torch when the interpreter
+        exits aborts the process ("terminate called without an active exception")."""
+        if self.loop is not None:
+            self.loop.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                log.warning("the rollout thread did not stop within 60 s (a generation still running)")
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.stop()  # Lightning calls no teardown hook on this path
 
     # ---- the trainer's side -----------------------------------------------------------------------
     def train_dataloader(self):
@@ -192,7 +215,7 @@ class Orchestrator(L.LightningDataModule):
             if self._error is not None:
                 raise RuntimeError(f"the orchestrator failed: {self._error!r}") from self._error
             try:
-                return self.transport.receive(step, timeout=1.0)
+                return checked_step(self.transport.receive(step, timeout=1.0), step, self.transport)
             except TimeoutError as e:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -202,10 +225,7 @@ class Orchestrator(L.LightningDataModule):
                     ) from None
 
     def teardown(self, stage: str) -> None:
-        if self.loop is not None:
-            self.loop.stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+        self.stop()
         self.transport.close()
 
 

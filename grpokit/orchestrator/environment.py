@@ -13,15 +13,28 @@ Step rewards (process supervision, for the `Process` advantage): a task that def
 (end, reward) pairs, `end` the character offset in the reply just past the step's last character
 (ascending, 1..len(reply)). The orchestrator maps each end to the completion token that reaches it.
 Tasks without the method report none (Rollout.step_rewards is None).
+
+A reward (and a step reward) must be a number, finite, with |reward| <= MAX_ABS_REWARD = 1e6; anything
+else stops the run with an error naming the environment and example. verifiers casts a reward with
+float(), so a str "0.5" or a bool True (a check's result returned instead of its score) would train
+silently; they are refused where the reward is recorded. The bound: the advantage is computed in float64
+and the loss in float32, and advantages without a std division (Dr. GRPO, RLOO, ...) carry the reward's
+scale into the loss and the gradient, whose squared norm overflows float32 near 1e19 per element; a
+reward of 1e308 even makes the group's std, and so its advantages, NaN, and the run later dies skipping
+non-finite steps. 1e6 is far above any reward scale in use (rewards are scores in [-1, 1] or [0, 10],
+sometimes counts) and far below those limits, so a reward past it is a sentinel or an unscaled quantity.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_ABS_REWARD = 1e6
 
 
 @dataclass
@@ -64,8 +77,9 @@ class Environment:
     def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
         """Reward each reply to its example with the taskset's rubric: (reward, metrics) per reply.
 
-        A reward function that raises or returns a non-finite value (or None) is an error naming the env
-        and example: training on a made-up reward would bias the run without a trace.
+        A reward function that raises or returns a non-finite value, a value past MAX_ABS_REWARD, None, a
+        str or a bool is an error naming the env and example: training on a made-up reward would bias the
+        run without a trace.
         """
         traces = [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)]
 
@@ -83,10 +97,19 @@ class Environment:
                 ) from outcome
             if isinstance(outcome, BaseException):
                 raise outcome
-            reward = tr.reward
-            if reward is None or not math.isfinite(float(reward)):
+            if tr.not_numbers:
+                name, value = tr.not_numbers[0]
                 raise ValueError(
-                    f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number"
+                    f"environment {self.name!r} example {ex.index}: reward {name!r} is {value!r:.100} "
+                    f"({type(value).__name__}), expected a number; return a float from the reward function "
+                    f"of data.env id {self.spec.id!r}"
+                )
+            reward = tr.reward
+            if reward is None or not is_moderate(float(reward)):
+                raise ValueError(
+                    f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number "
+                    f"with |reward| <= {MAX_ABS_REWARD:g}; fix or rescale the reward function of data.env id "
+                    f"{self.spec.id!r}"
                 )
             metrics = {k: float(v) for k, v in (tr.metrics or {}).items() if isinstance(v, (int, float))}
             out.append((float(reward), metrics))
@@ -99,16 +122,18 @@ class Environment:
         out = []
         for ex, reply in zip(examples, replies):
             method = getattr(ex.task, "step_rewards", None)
-            steps = None if method is None else [(int(end), float(reward)) for end, reward in method(reply)]
+            pairs = None if method is None else list(method(reply))
+            steps = None if pairs is None else [(int(end), float(r) if is_number(r) else math.nan) for end, r in pairs]
             ends = [end for end, _ in steps or []]
             if (
                 ends != sorted(ends)
                 or any(not 0 < end <= len(reply) for end in ends)
-                or not all(math.isfinite(r) for _, r in steps or [])
+                or not all(is_moderate(r) for _, r in steps or [])
             ):
                 raise ValueError(
-                    f"environment {self.name!r} example {ex.index}: step_rewards returned {steps}; expected (end, "
-                    f"reward) pairs with ascending ends in 1..{len(reply)} (the reply's length) and finite rewards"
+                    f"environment {self.name!r} example {ex.index}: step_rewards returned {pairs}; expected (end, "
+                    f"reward) pairs with ascending ends in 1..{len(reply)} (the reply's length) and rewards that are "
+                    f"finite numbers (not str or bool) with |reward| <= {MAX_ABS_REWARD:g}"
                 )
             out.append(steps)
         return out
@@ -202,6 +227,39 @@ def prompt_messages(data: Any) -> list[dict[str, str]]:
     return messages
 
 
+def is_number(value: Any) -> bool:
+    """False for a str, bytes or bool (Python's or NumPy's), which float() would turn into a number."""
+    return not isinstance(value, (str, bytes, bool)) and type(value).__name__ != "bool_"
+
+
+def is_moderate(reward: float) -> bool:
+    """Whether a reward is finite and within MAX_ABS_REWARD (see the module docstring for the bound)."""
+    return math.isfinite(reward) and abs(reward) <= MAX_ABS_REWARD
+
+
+@functools.cache
+def checked_trace_class() -> type:
+    """verifiers' Trace, recording the rewards that are not numbers: its record_reward casts them with
+    float(), so after scoring a str or a bool can no longer be told from a number."""
+    import pydantic
+    import verifiers.v1 as vf
+
+    class CheckedTrace(vf.Trace):
+        _not_numbers: list = pydantic.PrivateAttr(default_factory=list)
+
+        @property
+        def not_numbers(self) -> list[tuple[str, Any]]:
+            """(name, value) of each reward recorded as a str, bytes or bool (Python's or NumPy's)."""
+            return self._not_numbers
+
+        def record_reward(self, name: str, value: float, weight: float = 1.0) -> None:
+            if not is_number(value):
+                self._not_numbers.append((name, value))
+            super().record_reward(name, value, weight)
+
+    return CheckedTrace
+
+
 def make_trace(task: Any, reply: str):
     """A finished single-turn verifiers Trace: the task's prompt and our engine's reply."""
     import verifiers.v1 as vf
@@ -215,7 +273,7 @@ def make_trace(task: Any, reply: str):
         parent = 0
     nodes.append(MessageNode(parent=parent, message=vf.UserMessage(content=data.prompt)))
     nodes.append(MessageNode(parent=len(nodes) - 1, sampled=True, message=vf.AssistantMessage(content=reply)))
-    return vf.Trace(
+    return checked_trace_class()(
         task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
         agent=AgentInfo(config=AgentConfig(model="grpokit")),
         nodes=nodes,

@@ -23,9 +23,10 @@ class EvalSettings:
 
     Args:
         env: environments to evaluate on (default: the training environments).
-        num_examples: prompts per evaluation (a fixed, seeded selection).
+        num_examples: prompts per evaluation (a fixed, seeded selection); -1 = every example of the
+            eval environments.
         rollouts_per_example: completions per prompt.
-        interval: evaluate the weights of every interval-th step (0 disables eval).
+        interval: evaluate the weights of every interval-th step (>= 1; `data.eval: null` turns eval off).
         eval_base_model: also evaluate the initial weights (step 0).
         temperature: sampling temperature of eval (0 = greedy).
         max_tokens: completion cap (default: the training sampling's max_tokens).
@@ -42,16 +43,18 @@ class EvalSettings:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        if self.interval < 0 or self.num_examples < 1 or self.rollouts_per_example < 1:
+        if self.interval < 1:
             raise ValueError(
-                f"data.eval: interval >= 0, num_examples >= 1 and rollouts_per_example >= 1 are required, got {self}"
+                f"data.eval.interval must be >= 1, got {self.interval}; set data.eval: null to turn evaluation off"
             )
+        if self.num_examples < 1 and self.num_examples != -1:
+            raise ValueError(f"data.eval.num_examples must be >= 1, or -1 for every example, got {self.num_examples}")
+        if self.rollouts_per_example < 1:
+            raise ValueError(f"data.eval.rollouts_per_example must be >= 1, got {self.rollouts_per_example}")
 
     def due(self, weight_step: int, last_evaluated: int | None) -> bool:
         """Whether the weights of `weight_step` should be evaluated now: the first weights at or past the
         next multiple of interval (the engine may skip a step when the trainer is ahead)."""
-        if not self.interval:
-            return False
         if last_evaluated is None:
             target = 0 if self.eval_base_model else self.interval
         else:
@@ -67,7 +70,8 @@ class Evaluator:
     ) -> None:
         self.settings, self.run_dir = settings, Path(run_dir)
         envs = [Environment(spec) for spec in settings.env] if settings.env else training_envs
-        self.prompts = PromptSampler(envs, settings.seed).next(settings.num_examples)
+        sampler = PromptSampler(envs, settings.seed)
+        self.prompts = sampler.next(len(sampler.pools[0]) if settings.num_examples == -1 else settings.num_examples)
         self.sampling = replace(
             sampling,
             temperature=settings.temperature,

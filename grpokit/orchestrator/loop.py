@@ -79,6 +79,8 @@ class RolloutLoop:
         self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
         scored = [Environment(spec) for spec in config.env_specs]
         self.envs = [UnscoredEnvironment(env) for env in scored] if config.buffer.skip_verification else scored
+        for f in config.filters:
+            f.connect(tokenizer)
         self.pools = self._restored_pools(restore_buffer)
         self.prompts = self._prompt_sampler()
         self.evaluator = None

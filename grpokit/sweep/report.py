@@ -16,7 +16,7 @@ import yaml
 
 from grpokit.common.io import atomic_write_text
 from grpokit.sweep.report_plots import plot_metric
-from grpokit.sweep.report_stats import RunMetrics, final_value, read_metrics, variant_label
+from grpokit.sweep.report_stats import RunMetrics, final_value, identical_replicates, read_metrics, variant_label
 from grpokit.sweep.spec import SweepError, is_seed_key
 
 DEFAULT_METRICS = (
@@ -100,12 +100,22 @@ def final_table(variants: dict[str, list[RunMetrics]], metrics: list[str], last_
         "with a 95% bootstrap CI (seeds, then steps, resampled).",
         "",
     ]
+    same = {label: pairs for label, runs in variants.items() if (pairs := identical_replicates(runs))}
+    for label, pairs in same.items():
+        lines += [
+            f"**Warning: the seeds of {label} are not replicates**: "
+            + ", ".join(f"{a} and {b}" for a, b in pairs)
+            + " sampled the same rollouts (equal reward and seq_len at every step), so no CI is shown for it. "
+            "A seed axis must vary seed_everything with data.seed and data.sampling.seed left null (docs/sweeps.md).",
+            "",
+        ]
     lines += ["| variant | seeds | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for label, runs in variants.items():
         cells = []
         for metric in metrics:
             value = final_value(runs, metric, last_k)
-            cells.append("" if value is None else f"{value[0]:.4g} [{value[1]:.4g}, {value[2]:.4g}]")
+            ci = "[identical replicates]" if label in same else f"[{value[1]:.4g}, {value[2]:.4g}]" if value else ""
+            cells.append("" if value is None else f"{value[0]:.4g} {ci}")
         lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
 

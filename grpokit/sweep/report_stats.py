@@ -84,3 +84,26 @@ def final_value(
     draws = ((values_SK[picked_BS[..., None], steps_BSK] * valid_BSK).sum(-1) / n_BS).mean(-1)
     low, high = np.percentile(draws, [2.5, 97.5])
     return mean, float(low), float(high), len(tails)
+
+
+REPLICATE_FINGERPRINT = ("reward", "seq_len")  # what the rollouts were: equal at every step = the same rollouts
+
+
+def identical_replicates(runs: list[RunMetrics]) -> list[tuple[str, str]]:
+    """Pairs of runs of one variant whose rollouts were the same: equal mean reward and mean completion
+    length at every logged step. Such "seeds" share every random choice (a seed axis that does not reach
+    the data and sampling seeds), so a CI over them measures nothing."""
+
+    def fingerprint(run: RunMetrics) -> tuple:
+        return tuple(tuple(sorted(run.series.get(m, {}).items())) for m in REPLICATE_FINGERPRINT)
+
+    pairs, seen = [], {}
+    for run in runs:
+        key = fingerprint(run)
+        if not any(key):
+            continue
+        if key in seen:
+            pairs.append((seen[key], run.run_id))
+        else:
+            seen[key] = run.run_id
+    return pairs

@@ -27,6 +27,16 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(
+                f"model.lora.rank must be >= 1, got {self.rank} (set model.lora: null to train all weights)"
+            )
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("model.lora.target_modules is empty: name the modules to adapt, e.g. [q_proj, v_proj]")
+
 
 def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing: bool) -> torch.nn.Module:
     """`lm` wrapped in a peft LoRA adapter (a causal-LM task); with checkpointing, the embedding's output
@@ -40,10 +50,24 @@ def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing
         target_modules=list(settings.target_modules),
         task_type="CAUSAL_LM",
     )
+    check_target_modules(lm, settings.target_modules)
     lm = get_peft_model(lm, config)
     if gradient_checkpointing:
         lm.enable_input_require_grads()
     return lm
+
+
+def check_target_modules(lm: torch.nn.Module, targets: list[str]) -> None:
+    """Every model.lora.target_modules name is the last part of some module path of the model (how peft
+    matches a list entry): a misspelt one is named with the layer names the model has, instead of peft's
+    error, or, when the other names match, a silently smaller adapter."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in lm.named_modules() if name}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        leaves = sorted({name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if name and not any(m.children())})
+        raise ValueError(
+            f"model.lora.target_modules {missing}: the model has no module of that name; its layers are {leaves}"
+        )
 
 
 def adapter_tensors(lm: torch.nn.Module, sharded: bool) -> tuple[dict[str, torch.Tensor], dict]:

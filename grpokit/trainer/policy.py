@@ -29,7 +29,7 @@ from grpokit.trainer.fsdp import is_fsdp, is_sharded
 from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
 from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.lora import LoraSettings
-from grpokit.trainer.lr_schedule import lr_factor
+from grpokit.trainer.lr_schedule import check_optimizer_settings, lr_factor
 from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
 from grpokit.trainer.model_setup import build_model, chunk_size, set_attention, shares_prefixes
 from grpokit.trainer.publish import noise_sigma, noisy_norm_weights, weight_update
@@ -118,6 +118,7 @@ class Policy(L.LightningModule):
         self.guard, self.empty_steps = NonFiniteGuard(max_nonfinite_steps), EmptyStepWatch()
         self.strict_loading = False  # checkpoints hold only the trainable weights
         check_policy_settings(quantization, optimizer, lora is not None)
+        check_optimizer_settings(lr, weight_decay, tuple(betas), warmup_steps, min_lr_ratio, max_grad_norm)
         self.quantization, self.optimizer_name, self.noise_scheduler = quantization, optimizer, noise_scheduler
         if (teacher_model is not None) != loss.needs_teacher:
             raise ValueError(

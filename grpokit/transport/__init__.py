@@ -15,7 +15,8 @@ from grpokit.types import TrainingBatch
 class Transport(ABC):
     """Contract: `send(batch)` on the orchestrator side, `receive(step, timeout)` on the trainer side.
 
-    `receive` blocks until the batch for `step` is there and returns it whole, or raises TimeoutError.
+    `receive` blocks until the batch for `step` is there and returns it whole, or raises TimeoutError;
+    the trainer refuses a batch whose own `step` is another (naming `source(step)`).
     `setup(run_dir)` is called once per process before either end is used.
     """
 
@@ -32,6 +33,10 @@ class Transport(ABC):
     def receive(self, step: int, timeout: float) -> TrainingBatch:
         """Return the batch for `step`, waiting up to `timeout` seconds."""
 
+    def source(self, step: int) -> str:
+        """Where the batch of `step` is read from, for error messages (a file, an address)."""
+        return f"data.transport {type(self).__name__}"
+
     def has(self, step: int) -> bool:
         """Whether the batch of `step` was sent and is still held for the receiver (False if unknown)."""
         return False
@@ -42,3 +47,15 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release sockets or handles."""
+
+
+def checked_step(batch: TrainingBatch, step: int, transport: Transport) -> TrainingBatch:
+    """`batch`, if it is the batch of `step`; training another step's batch in its place would lose
+    `step` and train the other twice, with nothing in the metrics to show it."""
+    if batch.step != step:
+        raise RuntimeError(
+            f"{transport.source(step)} holds the batch of step {batch.step}, not of step {step}, which the trainer "
+            "asked for: a batch file was copied or renamed, or two orchestrators send to this run; remove it and "
+            f"resume the run so that the orchestrator samples step {step} again"
+        )
+    return batch

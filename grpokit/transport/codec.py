@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from pathlib import Path
 
 from safetensors import SafetensorError
 from safetensors.torch import load, save
@@ -67,6 +68,14 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
         )
     except (KeyError, ValueError, TypeError, SafetensorError) as e:
         raise BatchFormatError(f"malformed TrainingBatch: {e}") from e
+
+
+def decode_batch_file(path: Path, data: bytes, fix: str) -> TrainingBatch:
+    """decode_batch of the bytes read from `path`; a BatchFormatError names the file and `fix`."""
+    try:
+        return decode_batch(data)
+    except BatchFormatError as e:
+        raise BatchFormatError(f"batch file {path}: {e}; {fix}") from e
 
 
 def _micro_batch(tensors: dict, i: int) -> MicroBatch:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpokit.common.io import atomic_write_bytes
 from grpokit.transport import Transport
-from grpokit.transport.codec import decode_batch, encode_batch
+from grpokit.transport.codec import decode_batch_file, encode_batch
 from grpokit.types import TrainingBatch
 
 
@@ -40,6 +40,9 @@ class FilesystemTransport(Transport):
     def has(self, step: int) -> bool:
         return self.path(step).exists()
 
+    def source(self, step: int) -> str:
+        return f"data.transport FilesystemTransport file {self.path(step)}"
+
     def send(self, batch: TrainingBatch) -> None:
         atomic_write_bytes(self.path(batch.step), encode_batch(batch))
 
@@ -51,7 +54,8 @@ class FilesystemTransport(Transport):
                     f"no batch for step {step} at {path} after {timeout:.0f}s: is the orchestrator running?"
                 )
             time.sleep(self.poll_interval)
-        batch = decode_batch(path.read_bytes())
+        fix = f"delete it and resume the run: the orchestrator samples step {step} again"
+        batch = decode_batch_file(path, path.read_bytes(), fix)
         if self.keep_last:
             self._prune(step - self.keep_last + 1)
         return batch

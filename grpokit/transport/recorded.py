@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from grpokit.transport import Transport
-from grpokit.transport.codec import BatchFormatError, decode_batch
+from grpokit.transport.codec import BatchFormatError, decode_batch_file
 from grpokit.types import TrainingBatch
 
 MANIFEST, FORMAT, VERSION = "manifest.json", "grpokit.RecordedRollouts", 1
@@ -63,6 +63,9 @@ class RecordedRollouts(Transport):
     def has(self, step: int) -> bool:
         return step in self.checksums
 
+    def source(self, step: int) -> str:
+        return f"data.transport RecordedRollouts file {batch_file(Path(self.path), step)}"
+
     def send(self, batch: TrainingBatch) -> None:
         raise RuntimeError(
             "data.transport RecordedRollouts replays recorded batches and takes no new ones: train with "
@@ -84,4 +87,4 @@ class RecordedRollouts(Transport):
             )
         with open(self.run_dir / "replayed.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "sha256": digest}) + "\n")
-        return decode_batch(data)
+        return decode_batch_file(batch_file(Path(self.path), step), data, "record the rollouts again")

@@ -24,12 +24,24 @@ Per loss token t, with A_t its sequence's advantage and logp_t the trainer's log
 - overlong_filtering (DAPO): tokens of sequences cut at max_tokens get l_t = 0.
 - entropy bonus: l_t -= entropy_coeff * H_t (H_t the policy's full-vocabulary entropy at token t).
 
+Overflow: every log-ratio (logp_t - logp_old_t, and the detached logp_t - logp_infer_t of the IS and KL
+weights) is capped at U = 20 + max(log(1 + eps_high), log(ratio_clip_c), log(is_cap)) before exp(),
+the cap applied to its detached value only, so the gradient still flows as grad logp_t. U is beyond
+every bound the loss compares a ratio with, so below it nothing changes (bit for bit), and above it:
+a token with A_t > 0 (or A_t < 0 under dual-clip) is clipped anyway, so its loss is the same and its
+gradient exactly 0 (uncapped, float32 exp() overflows past 88.7 and 0 * inf gives a NaN gradient,
+which skips the whole optimizer step); an A_t = 0 token stays at 0; an A_t < 0 token without dual-clip,
+whose objective r_t A_t is unbounded, is weighted as if r_t = e^U (about 5e8 times the bound: a token that
+far off-policy is broken, and e^U |A_t| keeps the backward and the squared gradient norm finite in float32).
+
 Departures: overlong filtering keeps the truncated sequences in the step's denominators
 (loss_normalizer, step_num_seqs), where DAPO removes them, so the other tokens weigh slightly less.
 The KL term is normalised with the policy term, by the same mode.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -123,12 +135,15 @@ class ClippedPG(Loss):
         self.entropy_coeff = entropy_coeff
         self.needs_reference = beta > 0
         self.needs_entropy = entropy_coeff > 0
+        bounds = [math.log1p(eps_high), math.log(ratio_clip_c or 1.0), math.log(is_cap)]
+        # Cap on log-ratios before exp(): e^20 past the largest ratio bound (see the module docstring).
+        self.max_log_ratio = 20.0 + max(bounds)
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_T = inputs.loss_mask_T > 0
         logp_T, adv_T = inputs.trainer_logprobs_T, inputs.advantages_T
         # log(pi_train / pi_infer) without gradient; 0 off the loss mask so exp() stays finite there.
-        train_infer_T = (logp_T.detach() - inputs.inference_logprobs_T) * mask_T
+        train_infer_T = ((logp_T.detach() - inputs.inference_logprobs_T) * mask_T).clamp(max=self.max_log_ratio)
         metrics: dict[str, torch.Tensor] = {}
         if self.use_importance_sampling_correction:
             old_T = logp_T.detach()
@@ -137,7 +152,9 @@ class ClippedPG(Loss):
         else:
             old_T, weight_T = inputs.inference_logprobs_T, torch.ones_like(train_infer_T)
 
-        ratio_T = torch.exp((logp_T - old_T) * mask_T)
+        # value min(logp - old, U), gradient grad logp: a clipped token's 0 gradient never meets exp()'s inf.
+        log_ratio_T = (logp_T.detach() - old_T).clamp(max=self.max_log_ratio) + (logp_T - logp_T.detach())
+        ratio_T = torch.exp(log_ratio_T * mask_T)
         clip_high_T = (ratio_T.detach() > 1 + self.eps_high) & (adv_T > 0)
         clip_low_T = (ratio_T.detach() < 1 - self.eps_low) & (adv_T < 0)
         obj_T = torch.minimum(ratio_T * adv_T, ratio_T.clamp(1 - self.eps_low, 1 + self.eps_high) * adv_T)

@@ -13,11 +13,20 @@ the sequence's tokens give no gradient. Unclipped, GSPO-token's gradient equals 
 form), -s_i A_i (1 / |y_i|) sum_t grad logp_t, per sequence; the token form also allows per-token
 advantages. Defaults eps_low = 3e-4, eps_high = 4e-4 are the paper's.
 
+Overflow: the sequence log-ratio is capped at U = 20 + log(1 + eps_high) before exp() (its value only:
+it is detached). Below U nothing changes, bit for bit. Above it, a sequence with A_i > 0 is clipped
+anyway (same loss, gradient exactly 0, where uncapped float32 exp() overflows past 88.7 and 0 * inf gives
+a NaN gradient that skips the whole optimizer step); one with A_i < 0, which no clip bounds, is weighted
+as if s_i = e^U (about 5e8: a sequence that far off-policy is broken, and e^U |A_i| keeps the backward and
+the squared gradient norm finite in float32).
+
 Departure: the "old" policy is the inference engine that sampled the tokens, so s_i also carries the
 trainer/engine mismatch (the paper computes it against the trainer's old policy).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -40,6 +49,8 @@ class GSPO(Loss):
             )
         self.eps_low = eps_low
         self.eps_high = eps_high
+        # Cap on the sequence log-ratio before exp(): e^20 past the upper clip bound (see the module docstring).
+        self.max_log_ratio = 20.0 + math.log1p(eps_high)
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_T = inputs.loss_mask_T > 0
@@ -47,6 +58,7 @@ class GSPO(Loss):
         log_ratio_T = (logp_T.detach() - inputs.inference_logprobs_T) * mask_T
         tokens_N = segment_sum(mask_T.to(log_ratio_T.dtype), seq_ids_T, inputs.num_seqs)
         seq_log_ratio_N = segment_sum(log_ratio_T, seq_ids_T, inputs.num_seqs) / tokens_N.clamp(min=1)
+        seq_log_ratio_N = seq_log_ratio_N.clamp(max=self.max_log_ratio)
         ratio_T = torch.exp(seq_log_ratio_N[seq_ids_T] + (logp_T - logp_T.detach()) * mask_T)
 
         clip_high_T = (ratio_T.detach() > 1 + self.eps_high) & (adv_T > 0)

@@ -1,5 +1,5 @@
-"""A reward function that raises or returns NaN, inf or None stops the run with an error naming the
-environment and example; what the run wrote before stays whole."""
+"""A reward function that raises or returns NaN, inf, None, a str, a bool or a value past 1e6 stops the run
+with an error naming the environment and example; what the run wrote before stays whole."""
 
 import csv
 import json
@@ -15,11 +15,12 @@ from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 
 BAD_REWARD_ENV = '''
-"""A taskset whose reward is what the reply asks for ("raise", "nan", "inf", "none"; 0.5 otherwise), and
-which raises from the FAIL_AFTER-th scoring call on."""
+"""A taskset whose reward is what the reply asks for ("raise", "nan", "inf", "none", "str", "bool", "huge";
+0.5 otherwise), or REWARD for every reply when set, and which raises from the FAIL_AFTER-th scoring call on."""
 import verifiers.v1 as vf
 
 FAIL_AFTER = None
+REWARD = None
 calls = 0
 
 
@@ -35,13 +36,18 @@ class BadTask(vf.Task[BadData]):
         reply = trace.last_reply or ""
         if reply == "raise" or (FAIL_AFTER is not None and calls > FAIL_AFTER):
             raise RuntimeError("reward exploded")
-        return {"nan": float("nan"), "inf": float("inf"), "none": None}.get(reply, 0.5)
+        if REWARD is not None:
+            return REWARD
+        bad = {"nan": float("nan"), "inf": float("inf"), "none": None, "str": "0.5", "bool": True, "huge": 1e308}
+        return bad.get(reply, 0.5)
 
     def step_rewards(self, reply: str) -> list[tuple[int, float]]:
         return {
             "steps-nan": [(2, float("nan"))],
             "steps-unordered": [(5, 0.1), (2, 0.2)],
             "steps-past-end": [(99, 1.0)],
+            "steps-huge": [(2, 1e308)],
+            "steps-str": [(2, "0.5")],
         }.get(reply, [])
 
 
@@ -80,8 +86,11 @@ def bad_env(tmp_path, monkeypatch):
         ("none", r"example 1: scoring the reply 'none' failed \(.*NoneType"),
         ("nan", r"example 1: reward is nan, expected a finite number"),
         ("inf", r"example 1: reward is inf, expected a finite number"),
+        ("str", r"example 1: reward 'misbehave' is '0.5' \(str\), expected a number; return a float from the reward"),
+        ("bool", r"example 1: reward 'misbehave' is True \(bool\), expected a number"),
+        ("huge", r"example 1: reward is 1e\+308, expected a finite number with \|reward\| <= 1e\+06; fix or rescale"),
     ],
-    ids=["raises", "None", "NaN", "inf"],
+    ids=["raises", "None", "NaN", "inf", "str", "bool", "huge"],
 )
 def test_a_bad_reward_names_the_environment_and_example(bad_env, reply, message):
     env = Environment(EnvSpec(id="bad-reward-env"))
@@ -130,7 +139,41 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
         )
 
 
-@pytest.mark.parametrize("reply", ["steps-nan", "steps-unordered", "steps-past-end"])
+@pytest.mark.parametrize(
+    "reward,message",
+    [
+        (1e308, r"reward is 1e\+308, expected a finite number with \|reward\| <= 1e\+06; fix or rescale"),
+        ("0.5", r"reward 'misbehave' is '0.5' \(str\), expected a number"),
+    ],
+    ids=["1e308", "str"],
+)
+def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad_env, reward, message):
+    # 1e308 used to give NaN advantages (the group std overflows), skipped steps and an error blaming model.lr.
+    import bad_reward_env
+
+    bad_reward_env.REWARD = reward
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "bad",
+        "--data.env",
+        json.dumps([{"id": "bad-reward-env", "args": {}}]),
+        "--data.eval",
+        "null",
+        "--data.sampling.max_tokens",
+        "4",
+        "--trainer.max_steps",
+        "2",
+    )
+    with pytest.raises(
+        RuntimeError, match=r"the orchestrator failed: .*environment 'bad-reward-env' example \d+: " + message
+    ):
+        main(argv)
+    metrics = tmp_path / "bad" / "metrics.csv"  # no step trained
+    assert not metrics.exists() or not [r for r in csv.DictReader(open(metrics)) if r.get("loss")]
+
+
+@pytest.mark.parametrize("reply", ["steps-nan", "steps-unordered", "steps-past-end", "steps-huge", "steps-str"])
 def test_bad_step_rewards_name_the_environment_and_example(bad_env, reply):
     env = Environment(EnvSpec(id="bad-reward-env"))
     with pytest.raises(

@@ -83,3 +83,14 @@ def test_bad_rows(tmp_path):
         load(write_rows(tmp_path / "e.jsonl", [["a", "b"]]))
     with pytest.raises(ValueError, match=r"f\.jsonl line 1: key 'answer' holds list"):
         load(write_rows(tmp_path / "f.jsonl", [{"question": "a", "answer": [1]}]))
+
+
+def test_a_line_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    # "café" written as Latin-1: 0xe9 is not UTF-8; it is the 18th character of its line.
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "a", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(
+        ValueError, match=r"latin1\.jsonl line 2: not UTF-8 \(byte 0xe9 at character 18\); save the file"
+    ):
+        load(path)
+    assert len(load(path, num_tasks=1).examples) == 1  # rows past num_tasks are not read

@@ -2,6 +2,9 @@
 
 import csv
 import json
+import re
+
+import pytest
 
 from grpokit.main import main
 from grpokit.orchestrator.evaluation import EvalSettings
@@ -12,7 +15,19 @@ def test_schedule():
     s = EvalSettings(interval=5)
     assert s.due(0, None) and not s.due(3, 0) and s.due(5, 0) and s.due(6, 0) and not s.due(7, 6) and s.due(10, 6)
     assert not EvalSettings(interval=5, eval_base_model=False).due(0, None)
-    assert not EvalSettings(interval=0).due(0, None)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"interval": 0}, "data.eval.interval must be >= 1, got 0; set data.eval: null to turn evaluation off"),
+        ({"num_examples": 0}, "data.eval.num_examples must be >= 1, or -1 for every example, got 0"),
+        ({"rollouts_per_example": 0}, "data.eval.rollouts_per_example must be >= 1, got 0"),
+    ],
+)
+def test_bad_settings_name_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EvalSettings(**kwargs)
 
 
 def test_eval_end_to_end(tmp_path, tiny_model):

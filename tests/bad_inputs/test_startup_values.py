@@ -1,0 +1,89 @@
+"""Recipe values that used to run silently wrong, or fail late with a library's traceback, are refused
+by the `grpokit` command at start with one line naming the key and the fix (exit 2), before any sampling.
+
+Run through `grpokit.main.entry` (what the console script calls) on the tiny model.
+"""
+
+import os
+import re
+
+import pytest
+
+from grpokit.main import entry
+from grpokit.testing import tiny_fit_argv
+
+CASES = [
+    (["--data.rollouts_per_example", "0"], r"data.rollouts_per_example must be >= 1 .* got 0"),
+    (
+        ["--data.rollouts_per_example", "1"],
+        r"data.rollouts_per_example is 1, and data.advantage GroupNorm gives a group of one rollout advantage 0 "
+        r"\(nothing would be learned\): set data.rollouts_per_example >= 2",
+    ),
+    (["--data.sampling.stop", "['']"], r"data.sampling.stop must be non-empty strings, got \[''\]"),
+    (
+        ["--data.sampling.max_tokens", "200"],
+        r"data.sampling.max_tokens \(200\) must be below data.seq_len \(128\).*raise data.seq_len",
+    ),
+    (["--model.max_grad_norm", "-1"], r"model.max_grad_norm must be >= 0 \(0 disables clipping\), got -1"),
+    (["--model.warmup_steps", "-5"], r"model.warmup_steps must be >= 0, got -5"),
+    (["--model.lr", "-1"], r"model.lr must be > 0, got -1"),
+    (["--data.eval.interval", "0"], r"data.eval.interval must be >= 1, got 0; set data.eval: null"),
+    (["--model.lora.rank", "0"], r"model.lora.rank must be >= 1, got 0 \(set model.lora: null"),
+    (
+        ["--model.lora.target_modules", "[q_proj, v_prj]"],
+        r"model.lora.target_modules \['v_prj'\]: the model has no module of that name; its layers are \[.*'v_proj'",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_a_bad_value_is_refused_at_start_naming_the_key(tmp_path, tiny_model, capsys, overrides, message):
+    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--trainer.max_steps", "1", *overrides)
+    assert entry(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err[-3000:]
+    assert "Traceback" not in err
+    if "target_modules" not in overrides[0]:  # known from the recipe alone: refused before any sampling
+        assert not (tmp_path / "r" / "rollouts").exists()
+
+
+def test_an_abbreviated_option_is_not_taken_for_the_full_one(tmp_path, tiny_model, capsys):
+    """argparse would read `--trainer.max_step 5` as trainer.max_steps (prefix matching)."""
+    with pytest.raises(SystemExit) as info:
+        entry(tiny_fit_argv(tmp_path, tiny_model, "r", "--trainer.max_step", "5"))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --trainer.max_step 5" in err and "did you mean --trainer.max_steps" in err
+
+
+@pytest.mark.parametrize("run_name", ["../escaped", "a/b", ".."])
+def test_a_run_name_that_leaves_output_dir_is_refused(tmp_path, tiny_model, capsys, run_name):
+    out = tmp_path / "out"
+    assert entry(tiny_fit_argv(out, tiny_model, run_name)) == 2
+    assert f"run_name {run_name!r} must be one plain folder name" in capsys.readouterr().err
+    assert not (tmp_path / "escaped").exists() and not (out / "a").exists()
+
+
+def test_an_output_dir_under_a_file_is_refused(tmp_path, tiny_model, capsys):
+    (tmp_path / "file").write_text("x")
+    assert entry(tiny_fit_argv(tmp_path / "file" / "out", tiny_model, "r")) == 2
+    assert "cannot create or write run folders in" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
+def test_a_read_only_output_dir_is_refused(tmp_path, tiny_model, capsys):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        assert entry(tiny_fit_argv(out, tiny_model, "r")) == 2
+    finally:
+        out.chmod(0o755)
+    assert "not a writable folder" in capsys.readouterr().err
+
+
+def test_an_empty_model_folder_names_model_model(tmp_path, capsys):
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    assert entry(tiny_fit_argv(tmp_path, str(empty), "r")) == 2
+    assert "the folder has no config.json, so it is not a saved model" in capsys.readouterr().err

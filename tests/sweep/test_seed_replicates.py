@@ -1,0 +1,81 @@
+"""Replicates are replicates: a sweep over seed_everything of a shipped recipe samples different prompts
+and rollouts per seed, and the report refuses a CI over "seeds" whose rollouts were identical."""
+
+from pathlib import Path
+
+import yaml
+
+from grpokit.main import main
+from grpokit.sweep.report_stats import RunMetrics, identical_replicates
+from grpokit.transport.codec import decode_batch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sweep(tmp_path, tiny_model, runs: list[dict]) -> Path:
+    """A one-step sweep of the shipped reverse-text recipe on the tiny model, one run per entry."""
+    overlay = tmp_path / "tiny.yaml"
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model": tiny_model, "lora": {"rank": 4}},
+                "data": {
+                    "batch_size": 8,
+                    "rollouts_per_example": 4,
+                    "sampling": {"max_tokens": 8},
+                    "seq_len": 128,
+                    "filters": [],
+                    "eval": None,
+                },
+                "trainer": {"max_steps": 1, "enable_progress_bar": False, "enable_model_summary": False},
+                "ckpt": {"interval": 0},
+            }
+        )
+    )
+    spec = tmp_path / "seeds.yaml"
+    spec.write_text(yaml.safe_dump({"runs": runs}))
+    sweep_dir = tmp_path / "sweep"
+    recipe = str(REPO / "recipes" / "reverse_text.yaml")
+    assert (
+        main(
+            ["sweep", "--config", recipe, "--config", str(overlay), "--sweep", str(spec), "--sweep_dir", str(sweep_dir)]
+        )
+        == 0
+    )
+    return sweep_dir
+
+
+def step0(run_dir: Path) -> tuple[list[list[int]], list[float]]:
+    """The step-0 batch's token rows and the rewards metric."""
+    batch = decode_batch((run_dir / "rollouts" / "step_0.safetensors").read_bytes())
+    rows = [mb.input_ids_T.tolist() for mb in batch.micro_batches]
+    return rows, batch.metrics["reward"]
+
+
+def test_a_seed_everything_sweep_samples_different_rollouts_per_seed(tmp_path, tiny_model):
+    sweep_dir = sweep(tmp_path, tiny_model, [{"seed_everything": 0}, {"seed_everything": 1}])
+    run0, run1 = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name[:2].isdigit())
+    assert step0(run0)[0] != step0(run1)[0], "seed_everything must change the step-0 prompts and rollouts"
+    for run, seed in ((run0, 0), (run1, 1)):  # config.yaml records the seeds that ran
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["seed_everything"] == seed and config["data"]["seed"] == seed
+
+
+def test_the_report_refuses_a_ci_over_identical_replicates(tmp_path, tiny_model):
+    """data.seed pinned: the two "seeds" sample the same step (LoRA's B starts at 0, so the first
+    rollouts do not see seed_everything) and the report says so instead of printing a CI."""
+    sweep_dir = sweep(
+        tmp_path, tiny_model, [{"seed_everything": 0, "data.seed": 3}, {"seed_everything": 1, "data.seed": 3}]
+    )
+    assert main(["report", str(sweep_dir)]) == 0
+    report = (sweep_dir / "report.md").read_text()
+    assert "Warning: the seeds of base are not replicates" in report, report
+    assert "[identical replicates]" in report
+
+
+def test_identical_replicates_compares_reward_and_length_at_every_step():
+    a = RunMetrics("a", {"reward": {0: 0.5, 1: 0.6}, "seq_len": {0: 7.0, 1: 8.0}})
+    b = RunMetrics("b", {"reward": {0: 0.5, 1: 0.6}, "seq_len": {0: 7.0, 1: 8.0}, "loss": {0: 1.0}})
+    c = RunMetrics("c", {"reward": {0: 0.5, 1: 0.7}, "seq_len": {0: 7.0, 1: 8.0}})
+    empty = RunMetrics("d", {})
+    assert identical_replicates([a, b, c, empty, RunMetrics("e", {})]) == [("a", "b")]
