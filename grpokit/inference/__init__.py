@@ -103,6 +103,11 @@ class InferenceEngine(ABC):
     def load_weights(self, update: WeightUpdate) -> None:
         """Switch to the weights of `update` (a LoRA adapter or a full state dict)."""
 
+    def context_length(self) -> int | None:
+        """The longest prompt + completion the engine samples (its model's positions, or a configured
+        max_model_len); None when it cannot say. The orchestrator checks max_tokens and prompts against it."""
+        return None
+
     def served_weight_step(self) -> int:
         """The step of the weights the engine's servers hold, each after loading the newest published
         one (engines with `servers_load_weights`)."""

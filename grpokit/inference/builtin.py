@@ -158,10 +158,14 @@ class BuiltinEngine(InferenceEngine):
             return tensors_sha256(get_peft_model_state_dict(self.model))
         return tensors_sha256(self.model.state_dict())
 
+    def context_length(self) -> int | None:
+        return self.max_model_len
+
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
-        generator = torch.Generator(device=self.device).manual_seed(sampling.seed or 0)  # null: not from a recipe (tests, bench)
+        # seed null: settings not from a recipe (tests, bench)
+        generator = torch.Generator(device=self.device).manual_seed(sampling.seed or 0)
         flat = [ids for ids in prompts for _ in range(n)]
         if self.fast:
             with self._own_stream():

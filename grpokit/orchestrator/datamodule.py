@@ -51,6 +51,7 @@ class Orchestrator(L.LightningDataModule):
         sampling: SamplingSettings | None = None,
         temp_scheduler: TemperatureSchedule | None = None,
         seq_len: int = 2048,
+        max_prompt_tokens: int | None = None,
         packing: Literal["auto", "tokens", "prefix_tree"] = "auto",
         max_async_level: int = 1,
         max_off_policy_steps: int = 8,
@@ -76,6 +77,9 @@ class Orchestrator(L.LightningDataModule):
             sampling: temperature, top_p, max_tokens, stop, seed.
             temp_scheduler: per-step temperature (linear or cosine); excludes sampling.temperature.
             seq_len: tokens per packed micro-batch (its distinct prefixes with packing prefix_tree).
+            max_prompt_tokens: prompts with more tokens (chat template applied) are skipped and counted in
+                prompts_too_long (grpokit.orchestrator.prompt_length); null = what fits: seq_len, or the
+                engine's context if smaller, minus sampling.max_tokens.
             packing: what seq_len counts: "tokens", or "prefix_tree" nodes (distinct prefixes) for a
                 trainer that runs each shared prefix once (model.share_prefixes); "auto" = prefix_tree
                 when this process's trainer shares prefixes (co-locate fit on one device; with DDP the
@@ -137,7 +141,7 @@ class Orchestrator(L.LightningDataModule):
             )
         self.temp_scheduler = temp_scheduler
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
-        self.packing = packing
+        self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
         self.max_off_policy_steps = max_off_policy_steps
         self.num_logged_samples, self.timeout = num_logged_samples, timeout
         self.buffer = buffer or BufferSettings()

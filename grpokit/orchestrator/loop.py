@@ -27,6 +27,7 @@ from grpokit.orchestrator.evaluation import Evaluator
 from grpokit.orchestrator.experts import expert_rollouts
 from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
+from grpokit.orchestrator.prompt_length import prompt_token_limit, split_by_length
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
@@ -49,6 +50,7 @@ class Generation:
     kept: list[list[Rollout]]
     gen_time: float
     eval_metrics: dict[str, float]
+    prompts_too_long: int = 0
 
 
 class RolloutLoop:
@@ -83,6 +85,9 @@ class RolloutLoop:
             f.connect(tokenizer)
         self.pools = self._restored_pools(restore_buffer)
         self.prompts = self._prompt_sampler()
+        self.prompt_limit = prompt_token_limit(
+            config.sampling.max_tokens, config.seq_len, engine.context_length(), config.max_prompt_tokens
+        )
         self.evaluator = None
         if config.eval_settings:
             self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir)
@@ -138,6 +143,7 @@ class RolloutLoop:
             gen_time=gen.gen_time if fresh else 0.0,
             groups_generated=float(len(generated)),
             groups_trained=float(len(groups)),
+            prompts_too_long=float(gen.prompts_too_long if fresh else 0),
             dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
             **(gen.eval_metrics if fresh else {}),
         )
@@ -157,8 +163,8 @@ class RolloutLoop:
             self.wait_for_weights(max(0, first_step - self.config.max_async_level))
             eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
             start = time.perf_counter()
-            generated, kept = self.select_groups(index)
-            self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics)
+            generated, kept, too_long = self.select_groups(index)
+            self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
         return self.generation
 
     def _pack(self, groups, rollouts, flags, metrics) -> list:
@@ -181,8 +187,9 @@ class RolloutLoop:
         metrics["packing_efficiency"] = positions / max(len(micro_batches) * config.seq_len, 1)
         return micro_batches
 
-    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]]]:
-        """(every group sampled for `generation`, the groups it trains on), per the buffer rules.
+    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]], int]:
+        """(every group sampled for `generation`, the groups it trains on, the prompts skipped as too
+        long), per the buffer rules.
 
         Each generation owns a fixed block of `rounds * prompts` prompts and each round its own seed, so
         a generation's prompts and samples are a function of its index (a resumed run continues exactly).
@@ -190,12 +197,13 @@ class RolloutLoop:
         """
         config = self.config
         num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
-        generated, kept = [], []
+        generated, kept, too_long = [], [], 0
         for round_ in range(config.buffer.rounds):
             block = generation * config.buffer.rounds + round_
             seed = config.sampling.seed * 1_000_003 + block
             sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
-            prompts = self.prompts.take(block, num_prompts)
+            prompts, skipped = split_by_length(self.tokenizer, self.prompts.take(block, num_prompts), self.prompt_limit)
+            too_long += skipped
             groups = generate_rollouts(
                 self.engine, self.tokenizer, prompts, config.rollouts_per_example, sampling, block * num_prompts
             )
@@ -205,7 +213,7 @@ class RolloutLoop:
             kept += [g for g in groups if config.buffer.keep([r.reward for r in g])]
             if len(kept) >= num_prompts:
                 break
-        return generated, kept[:num_prompts]
+        return generated, kept[:num_prompts], too_long
 
     def temperature(self, generation: int) -> float:
         """The sampling temperature of a generation (= step by default; the trainer scales its logits by it too)."""

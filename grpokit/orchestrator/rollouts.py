@@ -13,6 +13,7 @@ import math
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.orchestrator.environment import Environment, Example
+from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.steps import rollout_steps
 from grpokit.types import Rollout
 
@@ -30,10 +31,9 @@ def generate_rollouts(
 ) -> list[list[Rollout]]:
     """Sample `rollouts_per_example` completions per prompt and score them (and their steps, where the
     environment reports step rewards); one list per group."""
-    prompt_ids = [
-        tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        for _, ex in prompts
-    ]
+    if not prompts:  # every prompt of the block was too long (grpokit.orchestrator.prompt_length)
+        return []
+    prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
