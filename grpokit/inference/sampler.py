@@ -9,6 +9,9 @@ Shape legend: B sequences in the batch, P padded prompt length, V vocabulary, S 
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from grpokit.inference import SamplingSettings
@@ -94,7 +97,7 @@ def sample(
             input_ids=token_B[:, None],
             attention_mask=mask_BP,
             position_ids=next_pos_B1,
-            past_key_values=cache,
+            **cache_kwarg(model, cache),
             use_cache=True,
         ).logits[:, -1]
         next_pos_B1 = next_pos_B1 + 1
@@ -126,7 +129,7 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
         input_ids=input_ids_UP,
         attention_mask=mask_UP,
         position_ids=positions_UP,
-        past_key_values=cache,
+        **cache_kwarg(model, cache),
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
@@ -146,3 +149,16 @@ def stop_string_ended(tokens: list[int], sampling: SamplingSettings, decode, see
     count = sum(text.count(s) for s in sampling.stop)
     new, seen[row] = count > seen[row], count
     return new and len(tokens) >= sampling.min_tokens
+
+
+@functools.cache
+def _cache_parameter(forward) -> str:
+    """The name under which the model's forward takes its KV cache: `cache` in transformers >= 5.2x,
+    `past_key_values` before (passing the old name to a new version warns on every decoding step)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_kwarg(model: torch.nn.Module, cache) -> dict:
+    """`{name: cache}` for the model's forward (a peft wrapper passes its keyword arguments through)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_parameter(type(base).forward): cache}

@@ -32,6 +32,9 @@ class BufferSettings:
             and moved between pools together. null: every example of every environment is distinct.
         skip_verification: do not score completions; every reward is 0 (throughput tests, or losses
             that need no reward). Excludes every rule above that reads rewards.
+        oversampling_factor: each generation round samples ceil(factor x the prompts it needs) and trains
+            on the first groups the rules above keep (prime-rl's oversampling_factor): with filtering, a
+            step is less often short of groups without a further round. 1 = no oversampling.
     """
 
     online_difficulty_filtering: bool = False
@@ -43,8 +46,13 @@ class BufferSettings:
     hard_fraction: float = 0.0
     hash_keys: list[str] | None = None
     skip_verification: bool = False
+    oversampling_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.oversampling_factor >= 1 or self.oversampling_factor == float("inf"):
+            raise ValueError(
+                f"data.buffer.oversampling_factor must be a finite number >= 1, got {self.oversampling_factor}"
+            )
         if self.max_resample_times < 0:
             raise ValueError(f"data.buffer.max_resample_times must be >= 0, got {self.max_resample_times}")
         if (

@@ -60,6 +60,7 @@ class Orchestrator(L.LightningDataModule):
         eval: EvalSettings | None = None,
         num_logged_samples: int = 4,
         timeout: float = 1800.0,
+        weights_timeout: float | None = None,
         generation_batch_size: int | None = None,
         steps_per_generation: int | None = None,
         num_generations: int | None = None,
@@ -97,6 +98,8 @@ class Orchestrator(L.LightningDataModule):
                 seed_everything, so replicates over seed_everything differ in prompts and rollouts.
             num_logged_samples: completions per step written to samples.jsonl.
             timeout: seconds to wait for weights (orchestrator) or a batch (trainer) before failing.
+            weights_timeout: seconds the orchestrator waits for fresh enough weights (a trainer step plus
+                its publish); null = data.timeout.
             generation_batch_size: rollouts sampled per generation (ms-swift); = batch_size * steps_per_generation.
             steps_per_generation: optimizer steps one generation is split into (ms-swift/TRL).
             num_generations: alias of rollouts_per_example (ms-swift/TRL).
@@ -143,7 +146,9 @@ class Orchestrator(L.LightningDataModule):
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
         self.max_off_policy_steps = max_off_policy_steps
-        self.num_logged_samples, self.timeout = num_logged_samples, timeout
+        self.num_logged_samples, self.timeout, self.weights_timeout = num_logged_samples, timeout, weights_timeout
+        if timeout <= 0 or (weights_timeout is not None and weights_timeout <= 0):
+            raise ValueError(f"data.timeout ({timeout}) and data.weights_timeout ({weights_timeout}) must be > 0")
         self.buffer = buffer or BufferSettings()
         self.eval_settings = eval
         self.expert = expert

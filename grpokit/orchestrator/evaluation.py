@@ -31,6 +31,8 @@ class EvalSettings:
         temperature: sampling temperature of eval (0 = greedy).
         max_tokens: completion cap (default: the training sampling's max_tokens).
         seed: seed of the prompt selection and sampling.
+        skip_eval_on_resume: a resumed run does not evaluate the weights it resumes with (they were
+            evaluated before the stop, or are not due); its next eval is at the next multiple of interval.
     """
 
     env: list[EnvSpec] | None = None
@@ -41,6 +43,7 @@ class EvalSettings:
     temperature: float = 0.0
     max_tokens: int | None = None
     seed: int = 1234
+    skip_eval_on_resume: bool = False
 
     def __post_init__(self) -> None:
         if self.interval < 1:
@@ -66,7 +69,12 @@ class Evaluator:
     """Holds the eval environments and prompts; `run()` returns eval metrics for the engine's weights."""
 
     def __init__(
-        self, settings: EvalSettings, training_envs: list[Environment], sampling: SamplingSettings, run_dir: Path
+        self,
+        settings: EvalSettings,
+        training_envs: list[Environment],
+        sampling: SamplingSettings,
+        run_dir: Path,
+        start_step: int = 0,
     ) -> None:
         self.settings, self.run_dir = settings, Path(run_dir)
         envs = [Environment(spec) for spec in settings.env] if settings.env else training_envs
@@ -78,7 +86,8 @@ class Evaluator:
             seed=settings.seed,
             max_tokens=settings.max_tokens or sampling.max_tokens,
         )
-        self.last_evaluated: int | None = None
+        # a resumed run with skip_eval_on_resume counts its resume step as evaluated
+        self.last_evaluated: int | None = start_step if start_step and settings.skip_eval_on_resume else None
 
     def maybe_run(self, engine: InferenceEngine, tokenizer) -> dict[str, float]:
         if not self.settings.due(engine.weight_step, self.last_evaluated):

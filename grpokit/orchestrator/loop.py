@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -90,7 +91,7 @@ class RolloutLoop:
         )
         self.evaluator = None
         if config.eval_settings:
-            self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir)
+            self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir, start_step)
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
         self.generation: Generation | None = None  # the newest generation sampled
 
@@ -197,15 +198,16 @@ class RolloutLoop:
         """
         config = self.config
         num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
+        num_sampled = math.ceil(num_prompts * config.buffer.oversampling_factor)
         generated, kept, too_long = [], [], 0
         for round_ in range(config.buffer.rounds):
             block = generation * config.buffer.rounds + round_
             seed = config.sampling.seed * 1_000_003 + block
             sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
-            prompts, skipped = split_by_length(self.tokenizer, self.prompts.take(block, num_prompts), self.prompt_limit)
+            prompts, skipped = split_by_length(self.tokenizer, self.prompts.take(block, num_sampled), self.prompt_limit)
             too_long += skipped
             groups = generate_rollouts(
-                self.engine, self.tokenizer, prompts, config.rollouts_per_example, sampling, block * num_prompts
+                self.engine, self.tokenizer, prompts, config.rollouts_per_example, sampling, block * num_sampled
             )
             for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
                 self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
@@ -225,7 +227,8 @@ class RolloutLoop:
     def wait_for_weights(self, min_step: int) -> None:
         """Load the newest published weights (or learn the step the servers hold); block until they are
         at least `min_step`."""
-        timeout = self.config.timeout
+        timeout = self.config.weights_timeout or self.config.timeout
+        key = "data.weights_timeout" if self.config.weights_timeout else "data.timeout"
         deadline = time.monotonic() + timeout
         while True:
             update = self.weights.poll(self.engine.weight_step)
@@ -237,7 +240,7 @@ class RolloutLoop:
                 raise RuntimeError("orchestrator stopped while waiting for weights")
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"no weights of step >= {min_step} after {timeout:.0f}s (data.timeout): "
+                    f"no weights of step >= {min_step} after {timeout:.0f}s ({key}): "
                     "is the trainer (`grpokit train`) running and publishing through the same "
                     f"broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
                 )

@@ -50,6 +50,25 @@ def test_orchestrator_waiting_for_weights_names_the_trainer_and_data_timeout(tmp
         data.loop.wait_for_weights(0)
 
 
+def test_the_wait_for_weights_has_a_timeout_of_its_own(tmp_path, tiny_model):
+    """data.weights_timeout bounds the orchestrator's wait apart from data.timeout (the trainer's wait for
+    a batch, which may need to be long while an engine samples a large step)."""
+    data = Orchestrator(
+        env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})],
+        batch_size=8,
+        rollouts_per_example=4,
+        timeout=1000.0,
+        weights_timeout=0.3,
+    )
+    broadcast = FilesystemBroadcast()
+    broadcast.setup(tmp_path)
+    data.connect(RemoteEngine(), broadcast, load_tokenizer(tiny_model), tmp_path, max_steps=2)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no weights of step >= 0 after 0s \(data.weights_timeout\)"):
+        data.loop.wait_for_weights(0)
+    assert time.monotonic() - start < 5
+
+
 def test_a_server_that_never_answers_is_reported_after_timeout_and_retries():
     with ScriptedServer(["hang"]) as server:
         remote = RemoteEngine(base_url=server.url, timeout=0.3, max_retries=1)

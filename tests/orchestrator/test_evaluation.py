@@ -6,8 +6,10 @@ import re
 
 import pytest
 
+from grpokit.inference import SamplingSettings
 from grpokit.main import main
-from grpokit.orchestrator.evaluation import EvalSettings
+from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.testing import tiny_fit_argv
 
 
@@ -53,3 +55,30 @@ def test_eval_end_to_end(tmp_path, tiny_model):
     assert [e["eval/weight_step"] for e in evals] == [0.0, 2.0]  # synchronous: batch n uses weights n
     rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
     assert [r["eval/reward"] != "" for r in rows] == [True, False, True, False]  # one row per step, no carried values
+
+
+def test_skip_eval_on_resume_counts_the_resume_step_as_evaluated(tmp_path):
+    envs = [Environment(EnvSpec(id="reverse-text", args={"num_tasks": 4}))]
+    for skip, due in ((False, True), (True, False)):
+        settings = EvalSettings(interval=4, num_examples=2, skip_eval_on_resume=skip)
+        evaluator = Evaluator(settings, envs, SamplingSettings(), tmp_path, start_step=6)
+        assert settings.due(6, evaluator.last_evaluated) is due  # resumed at step 6 with weights of step 6
+        assert settings.due(8, evaluator.last_evaluated)  # the next multiple of interval is evaluated either way
+    fresh = Evaluator(EvalSettings(interval=4, skip_eval_on_resume=True), envs, SamplingSettings(), tmp_path)
+    assert fresh.last_evaluated is None  # a fresh run evaluates its base model as usual
+
+
+def test_eval_num_examples_minus_one_is_every_example(tmp_path):
+    envs = [Environment(EnvSpec(id="reverse-text", args={"num_tasks": 5}))]
+    evaluator = Evaluator(EvalSettings(num_examples=-1), envs, SamplingSettings(), tmp_path)
+    assert sorted(ex.index for _, ex in evaluator.prompts) == [0, 1, 2, 3, 4]
+
+
+def test_oversampling_samples_more_groups_and_trains_on_the_first_kept(tmp_path, tiny_model):
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--data.buffer.oversampling_factor", "2", "--trainer.max_steps", "1",
+        "--data.max_async_level", "0", "--ckpt.interval", "0",
+    )  # fmt: skip
+    assert main(argv) == 0
+    row = next(r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss"))
+    assert (float(row["groups_generated"]), float(row["groups_trained"])) == (4.0, 2.0)
