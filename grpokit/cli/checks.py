@@ -14,17 +14,28 @@ from pathlib import Path
 from grpokit.inference import SamplingSettings
 
 
-def check_recipe(config) -> None:
+def check_recipe(config, role: str = "fit") -> None:
     """Every check below, in the order a user would fix them."""
-    check_max_steps(config.trainer.max_steps)
+    check_max_steps(config.trainer.max_steps, role)
     check_run_location(config.output_dir, config.run_name)
     check_lengths(config.data)
     fill_seeds(config)
 
 
-def check_max_steps(max_steps: int | None) -> None:
-    if max_steps is None or max_steps < 1:
-        raise ValueError(f"trainer.max_steps must be a positive number of GRPO steps, got {max_steps}")
+def check_max_steps(max_steps: int | None, role: str) -> None:
+    """A positive number of GRPO steps, or -1 in `grpokit fit`: one pass over the data (the rollout loop
+    counts it once the environments are loaded; the separate roles of a multi-process run must agree on
+    a number before any of them has loaded them)."""
+    if max_steps == -1 and role != "fit":
+        raise ValueError(
+            f"trainer.max_steps -1 (one pass over the data) is counted by `grpokit fit`; `grpokit {role}` "
+            "needs the number: take it from the log line of a `grpokit fit` start, or count it yourself"
+        )
+    if max_steps is None or (max_steps < 1 and max_steps != -1):
+        raise ValueError(
+            f"trainer.max_steps must be a positive number of GRPO steps (or -1: one pass over the data), "
+            f"got {max_steps}"
+        )
 
 
 def check_run_location(output_dir: str, run_name: str | None) -> None:

@@ -175,6 +175,7 @@ class Orchestrator(L.LightningDataModule):
         self.connect_trainer(run_dir, max_steps, start_step)
         run = (self.run_dir, max_steps, start_step, restore_buffer, trainer_shares_prefixes)
         self.loop = RolloutLoop(self, engine, broadcast, tokenizer, *run)
+        self.max_steps = self.loop.max_steps  # trainer.max_steps -1: the loop's count of one pass
         return self.loop
 
     def connect_trainer(self, run_dir: Path, max_steps: int, start_step: int = 0) -> None:

@@ -86,6 +86,8 @@ class RolloutLoop:
             f.connect(tokenizer)
         self.pools = self._restored_pools(restore_buffer)
         self.prompts = self._prompt_sampler()
+        if max_steps == -1:  # trainer.max_steps -1: one pass over the data
+            self.max_steps = self.one_pass_steps()
         self.prompt_limit = prompt_token_limit(
             config.sampling.max_tokens, config.seq_len, engine.context_length(), config.max_prompt_tokens
         )
@@ -114,6 +116,14 @@ class RolloutLoop:
         key = hash_key(config.buffer.hash_keys) if config.buffer.hash_keys else None
         ratios = None if ratios[0] is None else ratios
         return PromptSampler(self.envs, config.seed, ratios=ratios, key=key, excluded=excluded)
+
+    def one_pass_steps(self) -> int:
+        """The optimizer steps in which the prompt order draws every example once (trainer.max_steps -1).
+        A generation reserves `buffer.rounds` blocks (its resampling rounds), used or not."""
+        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
+        num_sampled = math.ceil(num_prompts * self.config.buffer.oversampling_factor)
+        generations = max(1, self.prompts.blocks_per_pass(num_sampled) // self.config.buffer.rounds)
+        return generations * self.shape.steps_per_rollout_generation
 
     def run(self, first_step: int | None = None) -> None:
         """Produce and send the batches of steps first_step (default start_step) .. max_steps - 1."""

@@ -78,6 +78,14 @@ class PromptSampler:
             return [self._pick(0, block * count + i, count) for i in range(count)]
         return [self._pick(e + 1, block * n + i, n) for e, n in enumerate(self.counts(count)) for i in range(n)]
 
+    def blocks_per_pass(self, count: int) -> int:
+        """How many blocks of `count` prompts draw every example once (at least 1): the pooled examples
+        // count, or with ratios, the blocks until the environment that runs out first is drawn once."""
+        if self.ratios is None:
+            return max(1, len(self.pools[0]) // count)
+        per_env = [len(pool) // n for pool, n in zip(self.pools[1:], self.counts(count)) if n]
+        return max(1, min(per_env))
+
     def counts(self, count: int) -> list[int]:
         """Prompts per environment in a block of `count` (largest remainder)."""
         total = sum(self.ratios)

@@ -82,3 +82,23 @@ def test_oversampling_samples_more_groups_and_trains_on_the_first_kept(tmp_path,
     assert main(argv) == 0
     row = next(r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss"))
     assert (float(row["groups_generated"]), float(row["groups_trained"])) == (4.0, 2.0)
+
+
+def test_max_steps_minus_one_trains_one_pass_over_the_data(tmp_path, tiny_model):
+    """12 examples, 2 prompts a step: 6 steps draw each example once, and the lr schedule runs over them."""
+    env = '[{"id": "reverse-text", "args": {"num_tasks": 12}}]'
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "r", "--trainer.max_steps", "-1", "--data.env", env,
+        "--data.eval", "null", "--ckpt.interval", "0", "--model.lr_schedule", "cosine",
+    )  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    assert [int(float(r["step"])) for r in rows] == list(range(6))
+    assert float(rows[-1]["lr"]) < float(rows[0]["lr"])  # the cosine decays over the 6 steps
+
+
+def test_max_steps_minus_one_needs_grpokit_fit(tmp_path, tiny_model, capsys):
+    from grpokit.main import entry
+
+    assert entry(tiny_fit_argv(tmp_path, tiny_model, "r", "--trainer.max_steps", "-1", command="train")) == 2
+    assert "trainer.max_steps -1 (one pass over the data) is counted by `grpokit fit`" in capsys.readouterr().err
