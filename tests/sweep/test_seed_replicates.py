@@ -52,24 +52,20 @@ def step0(run_dir: Path) -> tuple[list[list[int]], list[float]]:
     return rows, batch.metrics["reward"]
 
 
-def test_a_seed_everything_sweep_samples_different_rollouts_per_seed(tmp_path, tiny_model):
-    sweep_dir = sweep(tmp_path, tiny_model, [{"seed_everything": 0}, {"seed_everything": 1}])
-    run0, run1 = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name[:2].isdigit())
+def test_seed_everything_varies_the_rollouts_and_the_report_flags_pinned_ones(tmp_path, tiny_model):
+    """Runs 0 and 1 differ only in seed_everything: their step-0 prompts and rollouts differ. Run 2 pins
+    data.seed to run 0's: the same step (LoRA's B starts at 0, so the first rollouts do not see
+    seed_everything), which the report flags instead of printing a CI over it."""
+    runs = [{"seed_everything": 0}, {"seed_everything": 1}, {"seed_everything": 2, "data.seed": 0}]
+    sweep_dir = sweep(tmp_path, tiny_model, runs)
+    run0, run1, run2 = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name[:2].isdigit())
     assert step0(run0)[0] != step0(run1)[0], "seed_everything must change the step-0 prompts and rollouts"
-    for run, seed in ((run0, 0), (run1, 1)):  # config.yaml records the seeds that ran
-        config = yaml.safe_load((run / "config.yaml").read_text())
-        assert config["seed_everything"] == seed and config["data"]["seed"] == seed
-
-
-def test_the_report_refuses_a_ci_over_identical_replicates(tmp_path, tiny_model):
-    """data.seed pinned: the two "seeds" sample the same step (LoRA's B starts at 0, so the first
-    rollouts do not see seed_everything) and the report says so instead of printing a CI."""
-    sweep_dir = sweep(
-        tmp_path, tiny_model, [{"seed_everything": 0, "data.seed": 3}, {"seed_everything": 1, "data.seed": 3}]
-    )
+    assert step0(run0) == step0(run2)
+    for run, seed in ((run0, 0), (run1, 1), (run2, 0)):  # config.yaml records the data seed that ran
+        assert yaml.safe_load((run / "config.yaml").read_text())["data"]["seed"] == seed
     assert main(["report", str(sweep_dir)]) == 0
     report = (sweep_dir / "report.md").read_text()
-    assert "Warning: the seeds of base are not replicates" in report, report
+    assert f"Warning: the seeds of base are not replicates**: {run0.name} and {run2.name}" in report, report
     assert "[identical replicates]" in report
 
 
