@@ -12,36 +12,14 @@ from grpokit.transport.codec import decode_batch
 REPO = Path(__file__).resolve().parents[2]
 
 
-def sweep(tmp_path, tiny_model, runs: list[dict]) -> Path:
-    """A one-step sweep of the shipped reverse-text recipe on the tiny model, one run per entry."""
-    overlay = tmp_path / "tiny.yaml"
-    overlay.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model": tiny_model, "lora": {"rank": 4}},
-                "data": {
-                    "batch_size": 8,
-                    "rollouts_per_example": 4,
-                    "sampling": {"max_tokens": 8},
-                    "seq_len": 128,
-                    "filters": [],
-                    "eval": None,
-                },
-                "trainer": {"max_steps": 1, "enable_progress_bar": False, "enable_model_summary": False},
-                "ckpt": {"interval": 0},
-            }
-        )
-    )
+def sweep(tmp_path, overlay: Path, runs: list[dict]) -> Path:
+    """A sweep of the shipped reverse-text recipe with `overlay`, one run per entry."""
     spec = tmp_path / "seeds.yaml"
     spec.write_text(yaml.safe_dump({"runs": runs}))
     sweep_dir = tmp_path / "sweep"
     recipe = str(REPO / "recipes" / "reverse_text.yaml")
-    assert (
-        main(
-            ["sweep", "--config", recipe, "--config", str(overlay), "--sweep", str(spec), "--sweep_dir", str(sweep_dir)]
-        )
-        == 0
-    )
+    argv = ["sweep", "--config", recipe, "--config", str(overlay), "--sweep", str(spec), "--sweep_dir", str(sweep_dir)]
+    assert main(argv) == 0
     return sweep_dir
 
 
@@ -52,12 +30,12 @@ def step0(run_dir: Path) -> tuple[list[list[int]], list[float]]:
     return rows, batch.metrics["reward"]
 
 
-def test_seed_everything_varies_the_rollouts_and_the_report_flags_pinned_ones(tmp_path, tiny_model):
+def test_seed_everything_varies_the_rollouts_and_the_report_flags_pinned_ones(tmp_path, tiny_overlay):
     """Runs 0 and 1 differ only in seed_everything: their step-0 prompts and rollouts differ. Run 2 pins
     data.seed to run 0's: the same step (LoRA's B starts at 0, so the first rollouts do not see
     seed_everything), which the report flags instead of printing a CI over it."""
     runs = [{"seed_everything": 0}, {"seed_everything": 1}, {"seed_everything": 2, "data.seed": 0}]
-    sweep_dir = sweep(tmp_path, tiny_model, runs)
+    sweep_dir = sweep(tmp_path, tiny_overlay(steps=1, ckpt_interval=0), runs)
     run0, run1, run2 = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name[:2].isdigit())
     assert step0(run0)[0] != step0(run1)[0], "seed_everything must change the step-0 prompts and rollouts"
     assert step0(run0) == step0(run2)

@@ -16,29 +16,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
-def tiny_overlay(tmp_path, tiny_model) -> Path:
-    """The shipped recipe shrunk to the tiny model: 2 prompts x 4 rollouts, 2 steps, a checkpoint every step."""
-    path = tmp_path / "tiny.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model": tiny_model, "lora": {"rank": 4}},
-                "data": {
-                    "batch_size": 8,
-                    "rollouts_per_example": 4,
-                    "sampling": {"max_tokens": 8},
-                    "seq_len": 128,
-                    "filters": [],
-                    "eval": None,
-                },
-                "trainer": {"max_steps": STEPS, "enable_progress_bar": False, "enable_model_summary": False},
-                "ckpt": {"interval": 1},
-            }
-        )
-    )
-    return path
-
-
 def alive(pid: int) -> bool:
     """Whether a process runs (a zombie left to a container's init that does not reap counts as dead)."""
     try:
@@ -52,7 +29,7 @@ def states(sweep_dir: Path) -> dict:
     return json.loads(path.read_text())["runs"] if path.exists() else {}
 
 
-def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_model):
+def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_overlay):
     sweep = tmp_path / "losses.yaml"
     sweep.write_text(yaml.safe_dump({"axes": {"model.loss": ["AIPO", "ClippedPG"], "seed_everything": [0, 1]}}))
     sweep_dir = tmp_path / "sweep"
@@ -61,7 +38,7 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_mod
         "--config",
         str(REPO / "recipes" / "reverse_text.yaml"),
         "--config",
-        str(tiny_overlay(tmp_path, tiny_model)),
+        str(tiny_overlay(steps=STEPS, ckpt_interval=1)),
         "--sweep",
         str(sweep),
         "--sweep_dir",
