@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import grpokit
@@ -48,11 +49,28 @@ def quiet_bitsandbytes_cpu_warning() -> None:
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_bitsandbytes_cpu_kernel_notice)
 
 
+# Warnings every run printed that a user cannot act on: grpokit's training_step takes Lightning's
+# `dataloader_iter` on purpose (one batch per GRPO step, fetched when the step starts), and the other two
+# are deprecations inside Lightning (torch's pytree) and peft (transformers' checkpointing flag).
+LIBRARY_NOTICES = (
+    r"You are using the `dataloader_iter` step flavor",
+    r"Found `dataloader_iter` argument in the `training_step`",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"`is_gradient_checkpointing` is deprecated",
+)
+
+
+def quiet_library_notices() -> None:
+    for message in LIBRARY_NOTICES:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     """Run one `grpokit` command; `startup` records how far a recipe command got (entry reads it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     startup = startup or Startup()
     quiet_bitsandbytes_cpu_warning()
+    quiet_library_notices()
     if argv[:1] == ["bench"]:
         return bench_main(argv[1:])
     discover()
@@ -81,23 +99,44 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
         make_cli(["fit", *argv[1:]], role="train", startup=startup)
     else:
         make_cli(argv, startup=startup)
-    return 0
+    return 130 if startup.interrupted else 0  # 130: the shell's code for a command ended by Ctrl-C
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """The `grpokit` command: `main`, with a ValueError or FileNotFoundError raised before training starts
-    (a bad value, a missing file or checkpoint: the message names the key and the fix) printed as one
-    line instead of a traceback; GRPOKIT_TRACEBACK=1 shows the traceback. Failures during training
-    keep theirs."""
+    """The `grpokit` command: `main`, with two kinds of error printed as one line instead of a traceback
+    (GRPOKIT_TRACEBACK=1 shows the traceback):
+    - a ValueError or FileNotFoundError raised before training starts (a bad value, a missing file or
+      checkpoint: the message names the key and the fix): exit code 2;
+    - an I/O error during training (a full disk, a file that cannot be written, in the trainer or the
+      rollout thread): the message names the file; exit code 1. The writes are atomic, so the files
+      already written are whole and the run continues from its newest checkpoint once it is fixed.
+    Other failures during training keep their traceback."""
     startup = Startup()
     try:
         return main(argv, startup)
-    except (ValueError, FileNotFoundError) as e:
-        if startup.started or os.environ.get("GRPOKIT_TRACEBACK"):
+    except Exception as e:
+        if os.environ.get("GRPOKIT_TRACEBACK"):
             raise
-        print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        remove_if_no_files(startup.created_run_dir)
-        return 2
+        if not startup.started and isinstance(e, (ValueError, FileNotFoundError)):
+            print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+            remove_if_no_files(startup.created_run_dir)
+            return 2
+        if startup.started and (io_error := os_error_in(e)) is not None:
+            print(
+                f"grpokit: error: {io_error}\n(training stopped; once that is fixed, continue from the newest "
+                "checkpoint with --ckpt.resume_step -1; set GRPOKIT_TRACEBACK=1 for the traceback)",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+
+
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError that `e` is or was raised from (the rollout thread's arrives wrapped by the trainer's
+    RuntimeError), or None."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__
+    return e
 
 
 def remove_if_no_files(folder: Path | None) -> None:

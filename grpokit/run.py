@@ -30,10 +30,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Startup:
-    """How far one start got; grpokit.main.entry reads it when an error reaches it."""
+    """How far one start got, and how it ended; grpokit.main reads it for the exit code and the form of
+    an error (one line before training starts, its traceback after)."""
 
     started: bool = False
     created_run_dir: Path | None = None
+    interrupted: bool = False  # Ctrl-C ended training before max_steps (StopOnInterrupt): exit code 130
 
 
 @dataclass

@@ -72,6 +72,7 @@ UNIT_PATHS = (
     "test_layout.py",
     "test_component_args.py",
     "test_config_errors.py",
+    "test_checkpoint_recovery.py",
     "orchestrator/test_packing.py",
     "orchestrator/test_batching.py",
     "orchestrator/test_schedules.py",
@@ -81,6 +82,7 @@ UNIT_PATHS = (
     "inference/test_logits_processors.py",
     "broadcast/test_cuda_ipc_codec.py",
     "broadcast/test_filesystem.py",
+    "broadcast/test_filesystem_leftovers.py",
     "sweep/test_spec.py",
 )
 

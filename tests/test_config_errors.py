@@ -26,7 +26,10 @@ CASES = [
     (["--data.buffer.max_resample_times", "-2"], r"max_resample_times must be >= 0"),
     (["--data.eval.num_examples", "0"], r"data.eval.num_examples must be >= 1, or -1 for every example"),
     (["--ckpt.keep_last", "0"], r"keep_last >= 1"),
-    (["--trainer.max_steps", "-1"], r"trainer.max_steps must be a positive number"),
+    (
+        ["--trainer.max_steps", "-2"],
+        r"trainer.max_steps must be a positive number of GRPO steps \(or -1: one pass over the data\), got -2",
+    ),
     (["--model.loss.init_args.token_mask_high", "0.5"], r"token_mask_low <= 1 <= token_mask_high"),
     (["--broadcast.init_args.keep_last", "1"], r"broadcast.init_args.keep_last must be >= 2"),
     (

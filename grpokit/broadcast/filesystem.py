@@ -90,6 +90,13 @@ class FilesystemBroadcast(WeightBroadcast):
             atomic_save_tensors(folder / NORMS_FILE, update.norm_tensors, metadata={"format": "pt"})
 
     def discard_after(self, step: int) -> None:
+        """Also deletes the temp folders (`.step_N.<pid>.tmp`) of publishes a killed writer left half-done.
+        Here, not in setup: every process of a run sets the broadcast up, and a reader starting while the
+        trainer writes a step would delete the folder under it; discard_after runs only in the writer's
+        process, before it publishes."""
+        for tmp in self.root.glob(".step_*.tmp") if self.root.is_dir() else ():
+            log.info("broadcast: deleting %s, left by a writer that stopped mid-publish", tmp.name)
+            shutil.rmtree(tmp, ignore_errors=True)
         for newer in self.stable_steps():
             if newer > step:
                 log.info(

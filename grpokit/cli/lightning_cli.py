@@ -29,11 +29,12 @@ from grpokit.inference.vllm.launch import start_for_fit
 from grpokit.orchestrator import Orchestrator
 from grpokit.orchestrator.pools import restart_log
 from grpokit.run import RunContext, Startup, open_run, start_engine
-from grpokit.trainer.callbacks import ShareBaseWeights, WeightSync
+from grpokit.trainer.callbacks import ShareBaseWeights, StopOnInterrupt, WeightSync
 from grpokit.trainer.checkpoint import (
     Checkpointer,
     CheckpointSettings,
     LoadWeights,
+    archive_abandoned_history,
     archive_progress,
 )
 from grpokit.trainer.distributed import check_strategy_name, check_trainer_processes
@@ -118,7 +119,7 @@ class GrpoCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        check_recipe(config)  # values that go wrong only together, the run folder's place, the seeds
+        check_recipe(config, self.role)  # values that go wrong only together, the run folder's place, the seeds
         check_strategy_name(config.trainer.strategy)
         self.run = open_run(config, self.role, trains=bool(self.subcommand), startup=self.startup)
         config.trainer.default_root_dir = str(self.run.run_dir)
@@ -138,14 +139,22 @@ class GrpoCLI(LightningCLI):
     def _wire_roles(self) -> None:
         config, run = self.config_init[self.subcommand], self.run
         check_trainer_processes(self.trainer, run.run_name_given)
+        if self.trainer.max_steps == -1 and self.trainer.world_size > 1:  # every rank refuses, none waits
+            raise ValueError(
+                "trainer.max_steps -1 (one pass over the data) is counted on one trainer process; with "
+                f"{self.trainer.world_size}, set the number (a one-process `grpokit fit` start logs it)"
+            )
         if run.restart_from is not None:
             self._restart_count(*run.restart_from)
+        if run.resuming and self.trainer.is_global_zero:
+            self._archive_abandoned_history()
         if self.role == "train" or not self.trainer.is_global_zero:
             # batches come from `grpokit orchestrate` (or, on DDP ranks > 0, from rank 0); rank 0 publishes weights
             config["broadcast"].setup(run.run_dir)
             self._discard_stale_weights(config["broadcast"])
             self.datamodule.connect_trainer(run.run_dir, self.trainer.max_steps, run.start_step)
             self.trainer.callbacks.append(WeightSync(config["broadcast"]))
+            self._stop_on_interrupt()
             self._add_checkpointer(config)
             return
         engine: InferenceEngine = config["inference"]
@@ -163,10 +172,13 @@ class GrpoCLI(LightningCLI):
             # DDP: keep a micro-batch per rank
             trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1,
         )
+        if self.trainer.max_steps == -1:
+            self._one_pass(self.datamodule.max_steps)
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
             # before WeightSync: shared before the first publish
             self.trainer.callbacks.append(ShareBaseWeights(engine))
         self.trainer.callbacks.append(WeightSync(broadcast))
+        self._stop_on_interrupt()  # before the rollout thread starts: no Ctrl-C reaches Lightning's handler
         self._add_checkpointer(config)
         vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself
         if vllm is not None:
@@ -174,6 +186,30 @@ class GrpoCLI(LightningCLI):
         # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
         # them rather than sample those steps again with weights newer than the steps
         self.datamodule.start(first_unsent_step(self.datamodule, run.start_step) if run.start_step else None)
+
+    def after_fit(self) -> None:
+        self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130
+
+    def _stop_on_interrupt(self) -> None:
+        """Ctrl-C stops training after the current step (StopOnInterrupt); added before the Checkpointer,
+        whose hook of that step then writes its checkpoint."""
+        self.interrupt = StopOnInterrupt()
+        self.interrupt.install()
+        self.trainer.callbacks.append(self.interrupt)
+
+    def _archive_abandoned_history(self) -> None:
+        """A resume abandons what a killed or earlier run wrote after its checkpoint (grpokit.trainer.
+        checkpoint.archive_abandoned_history): later checkpoints, and in `fit` the batches not to train on.
+        `grpokit train` leaves rollouts/ alone: `grpokit orchestrate` writes there."""
+        step = self.run.start_step
+        if archive := archive_abandoned_history(self.run.run_dir, step, batches=self.role == "fit"):
+            log.warning("resuming at step %d: the files of the run after it moved to %s", step, archive)
+
+    def _one_pass(self, steps: int) -> None:
+        """trainer.max_steps -1: train the steps of one pass over the data, as the rollout loop counted
+        them (the lr and noise schedules run over them too)."""
+        self.trainer.fit_loop.epoch_loop.max_steps = steps  # what trainer.max_steps reads
+        log.warning("trainer.max_steps -1: one pass over the data is %d GRPO steps", steps)
 
     def _discard_stale_weights(self, broadcast: WeightBroadcast) -> None:
         """Weights of steps >= start_step in the run folder are a killed run's (or an earlier run's): this

@@ -184,10 +184,12 @@ class Orchestrator(L.LightningDataModule):
         self.transport.setup(run_dir)
 
     def start(self, first_step: int | None = None) -> None:
-        """Run the rollout loop in a daemon thread (co-locate mode), from `first_step` (default start_step)."""
-        self._thread = threading.Thread(
-            target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator", daemon=True
-        )
+        """Run the rollout loop in a thread (co-locate mode), from `first_step` (default start_step).
+
+        Not a daemon thread: the interpreter waits for it at exit instead of finalizing under a generation
+        in progress, which aborts the process. Every way out of training stops it (teardown, on_exception),
+        so the wait is at most the rest of one generation."""
+        self._thread = threading.Thread(target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator")
         self._thread.start()
 
     def _run_guarded(self, first_step: int | None) -> None:
@@ -209,7 +211,7 @@ class Orchestrator(L.LightningDataModule):
         if self._thread is not None:
             self._thread.join(timeout=60)
             if self._thread.is_alive():
-                log.warning("the rollout thread did not stop within 60 s (a generation still running)")
+                log.warning("the rollout thread did not stop within 60 s: the process ends once its generation does")
 
     def on_exception(self, exception: BaseException) -> None:
         self.stop()  # Lightning calls no teardown hook on this path

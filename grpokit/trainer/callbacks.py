@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +63,67 @@ class WeightSync(L.Callback):
         start = time.perf_counter()
         self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
+
+
+class StopOnInterrupt(L.Callback):
+    """Ctrl-C (SIGINT) ends training after the current step instead of at once.
+
+    Lightning's own answer to Ctrl-C is a KeyboardInterrupt in the middle of whatever runs, then
+    `sys.exit(1)` with `grpokit fit`'s rollout thread still inside the engine: the interpreter shuts down
+    under it and the process aborts ("terminate called without an active exception"), with the steps
+    since the last checkpoint lost. Here the first Ctrl-C only asks to stop; at the end of the step in
+    progress (or awaited: the trainer takes the batch it is waiting for) `trainer.should_stop` is set,
+    which the Checkpointer answers with a checkpoint of the step reached, and fit ends through its normal
+    teardown (the rollout thread stopped and joined, the broadcast closed). grpokit.main then exits with
+    130, the shell's code for a run ended by SIGINT. A second Ctrl-C exits at once (os._exit(130)): every
+    file grpokit writes is renamed into place whole, so that is as harmless as a kill (docs/reliability.md).
+
+    Install it (main thread) before the rollout thread starts, so no Ctrl-C reaches Lightning's handler;
+    with several trainer ranks (each gets the terminal's SIGINT) they agree on the step to stop at.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.stopped_at: int | None = None  # the steps done when a Ctrl-C ended training before max_steps
+        self._installed, self._previous = False, None  # and the SIGINT handler to restore
+
+    def install(self) -> None:
+        """Take over SIGINT (only the main thread may; elsewhere Ctrl-C keeps its default)."""
+        if threading.current_thread() is threading.main_thread() and not self._installed:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+
+    def _on_sigint(self, signum, frame) -> None:
+        # os.write, not print: a signal handler may run while the main thread is inside a print to stderr
+        if self.requested:
+            os.write(2, b"\ngrpokit: second Ctrl-C: exiting now (resume with --ckpt.resume_step -1)\n")
+            os._exit(130)
+        self.requested = True
+        os.write(2, b"\ngrpokit: Ctrl-C: stopping after the current step (Ctrl-C again to exit at once)\n")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            trainer.should_stop = True  # before the Checkpointer's hook of this step, which then saves it
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.requested and trainer.global_step < trainer.max_steps:
+            self.stopped_at = trainer.global_step
+            if trainer.is_global_zero:
+                print(f"grpokit: stopped by Ctrl-C after {trainer.global_step} steps", file=sys.stderr)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.uninstall()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        """Give SIGINT back to the handler it had before install()."""
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            self._installed = False
 
 
 class ShareBaseWeights(L.Callback):

@@ -7,6 +7,12 @@ position and the sampling seed of step n are functions of n; the orchestrator's 
 and hard pools, is a log with the generation of every entry (`buffer.jsonl`, orchestrator/pools.py),
 so it gives the state at any checkpoint's step.
 
+Resuming (`resume_step`): -1 takes the newest checkpoint that is whole, passing over (with a warning
+naming the file and why) one that is empty or cut short. A resume from a checkpoint older than the
+newest abandons the history after it: archive_abandoned_history moves the later checkpoints (and, in
+co-locate `fit`, the later batches) to `archive/after_step_<N>_<time>/`, so neither a later
+`resume_step -1` nor the resumed rollout thread picks up files of a future that no longer happens.
+
 `skip_progress` loads only the trainable weights and restarts the count at step 0 (prompt order,
 optimizer, LR schedule: all fresh); the files of the earlier count move to `archive/progress_<time>/`
 so the new steps never meet stale batches or weights. `skip_buffer` restores no pools.
@@ -14,10 +20,12 @@ so the new steps never meet stale batches or weights. `skip_buffer` restores no 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +36,9 @@ from grpokit.common.io import atomic_path
 from grpokit.trainer.fsdp import load_full_state_dict
 from grpokit.transport import Transport
 
+log = logging.getLogger(__name__)
 CKPT = re.compile(r"^step_(\d+)\.ckpt$")
+BATCH = re.compile(r"^step_(\d+)\.safetensors$")  # FilesystemTransport's rollouts/step_N.safetensors
 
 
 @dataclass
@@ -71,26 +81,124 @@ def checkpoint_steps(folder: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := CKPT.match(p.name)))
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a whole checkpoint (None: it looks whole), without loading its tensors.
+
+    torch.save writes a zip archive whose central directory comes last, so a file cut short (a copy
+    interrupted, a disk that filled, a filesystem that lost the tail in a crash) has none; reading the
+    directory costs a few reads at the end of the file, not a load.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if size == 0:
+        return "empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        return f"truncated or not a checkpoint ({size} bytes, no complete zip archive: {e})"
+    if not any(name.rpartition("/")[2] == "data.pkl" for name in names):
+        return "not a torch checkpoint (its zip archive has no data.pkl)"
+    return None
+
+
 def resume_path(folder: Path, resume_step: int) -> tuple[Path, int]:
-    """The checkpoint file for `resume_step` (-1 = newest) and its step; a clear error if there is none."""
+    """The checkpoint file for `resume_step` (-1 = newest) and its step; a clear error if there is none.
+
+    -1 passes over newer checkpoints that are not whole (checkpoint_problem), with a warning naming each
+    and why, and takes the newest whole one: the run loses the steps since it, not the run. An explicit
+    step is taken or refused as asked: a resume never silently lands elsewhere than the user named.
+    """
+    folder = Path(folder)
     steps = checkpoint_steps(folder)
     if not steps:
-        runs = sorted(p.parent.name for p in Path(folder).parent.parent.glob("*/checkpoints") if checkpoint_steps(p))
-        raise FileNotFoundError(
-            f"ckpt.resume_step={resume_step}: no checkpoints in {folder}; "
-            "set --run_name (and --output_dir) to a run that has some"
-            + (
-                f": {', '.join(runs[-5:])} in {Path(folder).parent.parent}"
-                if runs
-                else f" (no run in {Path(folder).parent.parent} has any)"
+        raise FileNotFoundError(_no_checkpoint_message(folder, resume_step))
+    if resume_step != -1:
+        if resume_step not in steps:
+            raise FileNotFoundError(
+                f"ckpt.resume_step={resume_step}: no checkpoint of step {resume_step} in {folder} (have {steps})"
             )
+        path = folder / f"step_{resume_step}.ckpt"
+        if problem := checkpoint_problem(path):
+            others = [s for s in steps if s != resume_step]
+            raise ValueError(
+                f"ckpt.resume_step={resume_step}: {path} is {problem}; resume from another step ({others})"
+            )
+        return path, resume_step
+    passed = []
+    for step in reversed(steps):
+        path = folder / f"step_{step}.ckpt"
+        problem = checkpoint_problem(path)
+        if problem is None:
+            for bad, why in passed:
+                log.warning(
+                    "ckpt.resume_step=-1: %s is %s; resuming from %s, the newest whole one", bad, why, path.name
+                )
+            return path, step
+        passed.append((path, problem))
+    raise ValueError(
+        f"ckpt.resume_step=-1: no checkpoint in {folder} can be loaded: "
+        + "; ".join(f"{p.name} is {why}" for p, why in passed)
+    )
+
+
+def _no_checkpoint_message(folder: Path, resume_step: int) -> str:
+    """A run folder that exists (killed before its first checkpoint) or one that does not (a typo in
+    run_name or output_dir) need different fixes."""
+    run_dir = folder.parent
+    if run_dir.is_dir():
+        return (
+            f"ckpt.resume_step={resume_step}: the run folder {run_dir} exists but has no checkpoint yet (it "
+            "stopped before its first: one is written every ckpt.interval steps): start it over with the same "
+            "--run_name and no --ckpt.resume_step (grpokit fit moves the earlier attempt's files to "
+            f"{run_dir / 'archive'}/attempt_<time>/)"
         )
-    step = steps[-1] if resume_step == -1 else resume_step
-    if step not in steps:
-        raise FileNotFoundError(
-            f"ckpt.resume_step={resume_step}: no checkpoint of step {step} in {folder} (have {steps})"
-        )
-    return folder / f"step_{step}.ckpt", step
+    runs = sorted(p.parent.name for p in run_dir.parent.glob("*/checkpoints") if checkpoint_steps(p))
+    return (
+        f"ckpt.resume_step={resume_step}: no checkpoints in {folder} (no such run folder); set --run_name (and "
+        "--output_dir) to a run that has some"
+        + (f": {', '.join(runs[-5:])} in {run_dir.parent}" if runs else f" (no run in {run_dir.parent} has any)")
+    )
+
+
+def archive_abandoned_history(run_dir: Path, step: int, batches: bool) -> Path | None:
+    """Before a resume from the checkpoint of `step`: move the files of the history the resume abandons to
+    `archive/after_step_<step>_<time>/` (kept, not deleted: they hold hours of training, and moving them
+    back resumes that history). Returns the archive (None: nothing to move).
+
+    - Checkpoints of later steps: a later `--ckpt.resume_step -1` would otherwise pick one of them, and
+      continue a history this run no longer has.
+    - With `batches` (co-locate `fit`, whose own rollout thread is the only writer of rollouts/): batch
+      files this run must not train on. If later checkpoints existed, the batches of `step` and later:
+      they may have been sampled with weights of the abandoned steps (the resume may also change the
+      recipe), so the rollout thread samples every step from `step` again. Otherwise (a resume of the
+      newest checkpoint after a kill) the batches from `step` up to the first missing one are the killed
+      run's own and are trained as they are; any after that gap belong to a later history and move.
+      Temp files a killed batch writer left are deleted.
+
+    Published weights of later steps are not kept here: the trainer discards them before it publishes
+    (WeightBroadcast.discard_after), and the archived checkpoints hold the same weights.
+    """
+    run_dir = Path(run_dir)
+    later = [s for s in checkpoint_steps(run_dir / "checkpoints") if s > step]
+    moves = [(run_dir / "checkpoints" / f"step_{s}.ckpt", "checkpoints") for s in later]
+    if batches and (run_dir / "rollouts").is_dir():
+        for tmp in (run_dir / "rollouts").glob(".step_*.tmp"):
+            tmp.unlink(missing_ok=True)
+        on_disk = {int(m.group(1)): p for p in (run_dir / "rollouts").iterdir() if (m := BATCH.match(p.name))}
+        first_moved = step  # later checkpoints: every batch from `step` on; else those after the first gap
+        while not later and first_moved in on_disk:
+            first_moved += 1
+        moves += [(p, "rollouts") for s, p in sorted(on_disk.items()) if s >= first_moved]
+    if not moves:
+        return None
+    dest = run_dir / "archive" / time.strftime(f"after_step_{step}_%Y%m%d-%H%M%S")
+    for path, sub in moves:
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        os.replace(path, dest / sub / path.name)
+    return dest
 
 
 def archive_progress(run_dir: Path) -> Path:
@@ -229,13 +337,22 @@ class Checkpointer(L.Callback):
         step = trainer.global_step
         if step % self.settings.interval == 0 or step >= trainer.max_steps:
             self.save(trainer, step)
+        elif trainer.should_stop:  # training ends early (Ctrl-C: StopOnInterrupt): keep the steps done
+            self.save(trainer, step)
+            if trainer.is_global_zero:
+                log.warning("training stops early: checkpoint of step %d written to %s", step, self.folder)
 
     def save(self, trainer: L.Trainer, step: int) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step_{step}.ckpt"
         # a full disk, say: no partial file stays behind, earlier checkpoints are untouched
-        with atomic_path(final, self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp") as tmp:
-            trainer.save_checkpoint(tmp)  # every DDP rank joins; only global rank 0 writes
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_path(final, self.folder / f".step_{step}.ckpt.{os.getpid()}.tmp") as tmp:
+                trainer.save_checkpoint(tmp, weights_only=False)  # all ranks join, rank 0 writes; full state
+        except OSError as e:
+            raise OSError(
+                e.errno, f"cannot write the checkpoint {final} ({e.strerror}); the earlier checkpoints are unchanged"
+            ) from e
         if not trainer.is_global_zero:
             return
         self._prune(step)
