@@ -324,7 +324,8 @@ def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, comman
 class ScriptedServer:
     """An HTTP server on a real loopback socket that answers each POST with the next step of a script, for
     testing clients against a peer that misbehaves. Steps: a dict or list (a 200 answer with that JSON
-    body), bytes (a 200 answer with that raw body), "close" (the connection is dropped once the request is
+    body), bytes (a 200 answer with that raw body), a tuple (status, headers, JSON body) for any other
+    answer (a 429 with Retry-After, a redirect), "close" (the connection is dropped once the request is
     read), "half" (a 200 whose body stops halfway, then the connection drops), "hang" (no answer until
     stop()). The last step repeats. `request_times` holds the monotonic arrival time of every POST,
     `request_headers` its headers.
@@ -356,8 +357,12 @@ class ScriptedServer:
                         self.end_headers()
                         self.wfile.write(b'{"choices": [')
                     return
+                status, headers = (step[0], step[1]) if isinstance(step, tuple) else (200, {})
+                step = step[2] if isinstance(step, tuple) else step
                 body = step if isinstance(step, bytes) else json.dumps(step).encode()
-                self.send_response(200)
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

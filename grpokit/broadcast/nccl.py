@@ -25,7 +25,12 @@ Departures from the WeightBroadcast contract and things to know:
   ranks on one GPU); buffers live on `cuda:current_device()` of the caller, and the engine receives
   its tensors there. backend "gloo" runs on CPU (tests, or CPU engines).
 - Peers are not authenticated: whoever reaches `host:port` first can join as the engine. `host` is
-  therefore 127.0.0.1 by default; across machines set it to the trainer's address on a trusted network.
+  therefore 127.0.0.1 by default, and the trainer's TCPStore listens on that address only (a socket
+  bound here and handed to TCPStore; on its own TCPStore listens on every interface); gloo binds its
+  pairs to `host` too when it is loopback. Across machines set it to the trainer's address on a trusted
+  network. No shared token: any client of a TCPStore reads every key, and gloo's and NCCL's own
+  connections carry no credentials, so a secret checked through the store would not keep out a process
+  that can reach the port; the bound address is what does.
 - Exactly one engine: a second process that polls as the engine (a second server, the orchestrator, an
   engine restarted while the trainer runs on) is refused with an error, counted in the trainer's
   TCPStore before it joins, instead of breaking the group the first engine is in. So the orchestrator
@@ -39,6 +44,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -228,7 +234,10 @@ class NCCLBroadcast(WeightBroadcast):
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)  # also in the engine's receiver thread
         timeout = timedelta(seconds=self.timeout)
-        store = dist.TCPStore(self.host, self.port, world_size=2, is_master=self.rank == 0, timeout=timeout)
+        fd = self._listen_fd() if self.rank == 0 else None
+        store = dist.TCPStore(
+            self.host, self.port, world_size=2, is_master=self.rank == 0, timeout=timeout, master_listen_fd=fd
+        )
         self._store = store
         if self.rank == 1 and store.add(self.ENGINES_KEY, 1) > 1:
             raise RuntimeError(
@@ -248,6 +257,19 @@ class NCCLBroadcast(WeightBroadcast):
             opts._timeout = timeout
             opts._devices = [self._gloo_device()]
             self._pg = dist.ProcessGroupGloo(store, self.rank, 2, opts)
+
+    def _listen_fd(self) -> int:
+        """The trainer's TCPStore socket, listening on `host` only, handed over as a file descriptor: given a
+        host and port alone, TCPStore listens on every interface."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        try:
+            sock = socket.create_server((self.host, self.port), family=family, backlog=64)
+        except OSError as e:
+            raise OSError(
+                f"NCCLBroadcast cannot listen on {self.host}:{self.port} (broadcast.init_args.host, "
+                f"broadcast.init_args.port): {e}"
+            ) from e
+        return sock.detach()  # TCPStore owns the descriptor from here and closes it
 
     def _gloo_device(self):
         try:

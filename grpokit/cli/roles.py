@@ -11,12 +11,15 @@ Any start order works: the trainer waits for batches, the orchestrator for weigh
 from __future__ import annotations
 
 import logging
+import os
 import signal
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.inference.server.http import serve
+from grpokit.inference.server.http import make_app, make_server
+from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.vllm.launch import start_recipe_vllm
 from grpokit.orchestrator.weights import weight_source
 from grpokit.run import start_engine
@@ -35,12 +38,15 @@ class ServerSettings:
         engine: the engine behind the server (default: the builtin torch engine). With `inference:
             VLLMEngine` and its `serve` set, `grpokit infer` runs vLLM's server here instead, and so
             does `grpokit fit`, for the length of the run.
+        limits: what one request may cost (n, rows, body bytes, prompt tokens), the request queue, read
+            and shutdown timeouts, request-supplied chat templates (grpokit's server only; ServerLimits).
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str = "grpokit"
     engine: InferenceEngine | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
 
 def infer(cli) -> int:
@@ -54,21 +60,32 @@ def infer(cli) -> int:
     broadcast = config["broadcast"]
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
     log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM shuts the server down like Ctrl-C
+    signal.signal(signal.SIGTERM, _interrupt)  # until serving: then uvicorn stops gracefully and re-raises it
+    app = make_app(engine, tokenizer, settings.model_name, broadcast, limits=settings.limits)
     try:
-        serve(
-            engine,
-            tokenizer,
-            host=settings.host,
-            port=settings.port,
-            model_name=settings.model_name,
-            broadcast=broadcast,
-        )
+        server = make_server(app, settings.host, settings.port)
+        try:
+            server.serve_forever()
+        finally:
+            server.close()  # the engine thread: queued requests answered 503, the running one shutdown_timeout
     except KeyboardInterrupt:
         log.info("server stopped")
     finally:
         broadcast.close()  # stops the NCCL receiver, withdraws the filesystem broadcast's ack
+    if app.worker.thread.is_alive():
+        _exit_now(0)
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """End the process without waiting for the engine thread, which is inside a generate that cannot be
+    interrupted: the interpreter's exit would wait for nothing, but torch aborts (std::terminate) when the
+    process is finalised under a running op. Logs and output are flushed first."""
+    log.warning("the engine is still sampling a request; exiting without waiting for it")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def infer_vllm(cli, engine, settings: ServerSettings) -> int:

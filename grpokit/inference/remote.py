@@ -8,23 +8,47 @@ reloads the LoRA adapter), so `load_weights` only records the step the orchestra
 `base_url`s spread the prompts round-robin.
 `served_weight_step` asks every server (`GET /v1/weights`, grpokit's server only) which step it holds:
 the orchestrator's progress source when the broadcast is one only the servers may poll (NCCL, IPC).
+
+A server is trusted with nothing: redirects are refused (a redirect would carry the API key to another
+address); every answer is checked before it becomes rollouts (n choices per prompt with indices 0..n-1,
+token ids in the vocabulary, no more than max_tokens of them, as many logprobs, none above 0; NaN or
+infinite logprobs pass on to the orchestrator, which masks and counts them), and an answer that fails
+names the server and what was wrong. Busy servers (429, 503) and failures (5xx, connection errors) are
+retried with exponential backoff, waiting at least what a Retry-After header asks (at most 60 s).
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import logging
+import math
 import os
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from transformers import AutoTokenizer
+
+from grpokit.common.models import resolve_model
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
+MAX_RETRY_AFTER = 60.0  # seconds: the longest a server's Retry-After may hold a retry back
+LOGPROB_TOLERANCE = 1e-3  # float rounding may leave a logprob of a near-certain token just above 0
+
+
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Every 3xx answer is an HTTPError: a redirect would send the request, API key included, elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirects)
 
 
 class RemoteEngine(InferenceEngine):
@@ -43,6 +67,7 @@ class RemoteEngine(InferenceEngine):
         timeout: float = 600.0,
         max_retries: int = 5,
         max_concurrency: int = 8,
+        vocab_size: int | None = None,
     ) -> None:
         """
         Args:
@@ -50,8 +75,10 @@ class RemoteEngine(InferenceEngine):
             model_name: the `model` field of requests (the server's served model name or LoRA name).
             api_key_var: name of the environment variable holding the API key (never the key itself).
             timeout: seconds per request.
-            max_retries: retries with exponential backoff on connection errors and 5xx answers.
+            max_retries: retries with exponential backoff on connection errors, 429 and 5xx answers.
             max_concurrency: requests in flight at once.
+            vocab_size: token ids a server may answer are below this; null = the length of the model's
+                tokenizer, read from disk at the first generate.
         """
         self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not self.base_urls:
@@ -63,6 +90,9 @@ class RemoteEngine(InferenceEngine):
             max_concurrency,
         )
         self.api_key_var = api_key_var
+        self.vocab_size = vocab_size
+        self._vocab_looked_up = False
+        self._model: str | None = None  # the model name setup got, for the tokenizer's vocabulary
         self.weight_step = -1
         self.server_weight_step = -1
 
@@ -73,6 +103,7 @@ class RemoteEngine(InferenceEngine):
             if not key:
                 raise ValueError(f"inference.init_args.api_key_var names ${self.api_key_var}, which is not set")
             self._headers["Authorization"] = f"Bearer {key}"
+        self._model = model
 
     def load_weights(self, update: WeightUpdate) -> None:
         self.weight_step = update.step  # the servers load the same update from the broadcast themselves
@@ -104,19 +135,44 @@ class RemoteEngine(InferenceEngine):
             )
         return step
 
+    def _vocabulary(self) -> int | None:
+        """vocab_size, or else the length of the model's tokenizer, read once from disk (the orchestrator
+        has loaded it by the first generate, so a hub id is in the local cache); None if it is not there."""
+        if self.vocab_size is None and not self._vocab_looked_up:
+            self._vocab_looked_up = True
+            try:
+                path = resolve_model(self._model)
+                self.vocab_size = len(AutoTokenizer.from_pretrained(path, local_files_only=True))
+            except (OSError, ValueError) as e:
+                log.warning(
+                    "RemoteEngine: no local tokenizer for %r (%s): the servers' token ids are not checked against "
+                    "a vocabulary; set inference.init_args.vocab_size",
+                    self._model,
+                    str(e).splitlines()[0],
+                )
+        return self.vocab_size
+
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
+        self._vocabulary()
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
+        urls = [self.base_urls[i % len(self.base_urls)] for i in range(len(bodies))]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            answers = list(
-                pool.map(self._post, [(self.base_urls[i % len(self.base_urls)], b) for i, b in enumerate(bodies)])
+            answers = list(pool.map(self._post, zip(urls, bodies)))
+        return [self._group(url, answer, n, sampling) for url, answer in zip(urls, answers)]
+
+    def _group(self, url: str, answer: dict, n: int, sampling: SamplingSettings) -> list[Completion]:
+        """The n completions of one prompt's answer, each checked; a ValueError names the server and the fault."""
+        choices = answer["choices"]
+        indices = [c.get("index") if isinstance(c, dict) else None for c in choices]
+        if not all(_is_int(i) for i in indices) or sorted(indices) != list(range(n)):
+            raise ValueError(
+                f"inference server {url} answered {len(choices)} choices with indices {indices[:10]} for n={n}: "
+                f"a completions answer has one choice per completion, indexed 0..{n - 1}"
             )
-        return [
-            [
-                self._completion(choice, answer, sampling)
-                for choice in sorted(answer["choices"], key=lambda c: c["index"])
-            ]
-            for answer in answers
-        ]
+        try:
+            return [self._completion(c, answer, sampling) for c in sorted(choices, key=lambda c: c["index"])]
+        except ValueError as e:
+            raise ValueError(f"inference server {url}: {e}") from None
 
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
         body = {
@@ -138,15 +194,30 @@ class RemoteEngine(InferenceEngine):
         return body
 
     def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:
-        token_ids = list(choice.get("token_ids") or [])
-        logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+        """One choice as a Completion, after checking what the orchestrator and the trainer rely on."""
+        token_ids = choice.get("token_ids") or []
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        where = f"choice {choice['index']}"
+        if not isinstance(token_ids, list) or not all(_is_int(t) for t in token_ids):
+            raise ValueError(f"{where}: token_ids must be a list of integers")
+        if not isinstance(logprobs, list) or not all(_is_number(x) for x in logprobs):
+            raise ValueError(f"{where}: logprobs.token_logprobs must be a list of numbers")
         if len(logprobs) != len(token_ids):
             raise ValueError(
                 f"server answered {len(token_ids)} token ids but {len(logprobs)} "
                 "logprobs: it must support logprobs and return_token_ids"
             )
+        if len(token_ids) > sampling.max_tokens:
+            raise ValueError(f"{where} has {len(token_ids)} tokens, more than max_tokens={sampling.max_tokens}")
+        vocab = self.vocab_size
+        if vocab is not None and (bad := [t for t in token_ids if not 0 <= t < vocab]):
+            raise ValueError(f"{where}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if bad := [x for x in logprobs if math.isfinite(x) and x > LOGPROB_TOLERANCE]:
+            raise ValueError(f"{where}: logprobs {bad[:5]} are above 0 (a logprob is log p <= 0)")
         step = answer.get("weight_step")
-        self.server_weight_step = self.weight_step if step is None else int(step)
+        if step is not None and not _is_int(step):
+            raise ValueError(f"weight_step must be an integer or absent, got {step!r}")
+        self.server_weight_step = self.weight_step if step is None else step
         return Completion(
             token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", self.server_weight_step
         )
@@ -168,9 +239,10 @@ class RemoteEngine(InferenceEngine):
     def _call(self, url: str, endpoint: str, body: dict | None = None) -> bytes:
         """POST `body` to `{url}/{endpoint}` (GET without a body); returns the raw answer.
 
-        A server that is down, restarting, drops the connection or cuts its answer short (connection
-        errors, timeouts, http.client errors, 5xx answers) is retried max_retries times with exponential
-        backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart), then reported with an error naming it.
+        A server that is down, restarting, busy, drops the connection or cuts its answer short (connection
+        errors, timeouts, http.client errors, 429 and 5xx answers) is retried max_retries times with
+        exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart; longer where a Retry-After header
+        asks, up to 60 s), then reported with an error naming it. Redirects are refused, never followed.
         """
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
@@ -180,12 +252,21 @@ class RemoteEngine(InferenceEngine):
                 headers=self._headers,
                 method="GET" if body is None else "POST",
             )
+            delay = min(30.0, 0.5 * 2**attempt)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                with OPENER.open(request, timeout=self.timeout) as response:
                     return response.read()
             except urllib.error.HTTPError as e:
-                if e.code < 500 or attempt == self.max_retries:
+                if 300 <= e.code < 400:
+                    raise RemoteError(
+                        f"{url}/{endpoint} answered {e.code}, a redirect to {e.headers.get('Location')!r}: "
+                        "RemoteEngine follows no redirects (they would carry the request and its API key "
+                        "elsewhere); set inference.init_args.base_url to the server's own address",
+                        e.code,
+                    ) from e
+                if (e.code < 500 and e.code != 429) or attempt == self.max_retries:
                     raise RemoteError(f"{url}/{endpoint} answered {e.code}: {e.read()[:500]!r}", e.code) from e
+                delay = max(delay, retry_after(e.headers.get("Retry-After")))
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 if attempt == self.max_retries:
                     raise ConnectionError(
@@ -194,7 +275,6 @@ class RemoteEngine(InferenceEngine):
                         "Retries and the per-request limit are inference.init_args.max_retries "
                         f"({self.max_retries}) and inference.init_args.timeout ({self.timeout:g}s)."
                     ) from e
-            delay = min(30.0, 0.5 * 2**attempt)
             log.warning(
                 "request to %s/%s failed (try %d of %d), retrying in %.1fs",
                 url,
@@ -213,3 +293,26 @@ class RemoteError(RuntimeError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a Retry-After header asks to wait (a number or an HTTP date), 0 when absent or unreadable,
+    at most MAX_RETRY_AFTER."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return 0.0
+    return min(MAX_RETRY_AFTER, max(0.0, seconds)) if math.isfinite(seconds) else 0.0
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

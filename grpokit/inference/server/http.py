@@ -1,29 +1,35 @@
 """An OpenAI-compatible HTTP server in front of any InferenceEngine, so one client serves the builtin
 engine and vLLM alike.
 
-Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, `GET /health`, and
-grpokit's `GET /v1/weights`. Requests are parsed on the HTTP threads; all tokenizer and engine work runs
-on one worker thread that owns both (the engine is not thread-safe, nor are HF fast tokenizers), so
-concurrent requests queue. With a `broadcast`, that thread loads any newer published weights before
-each request and before answering `/v1/weights`.
-
-Built on the standard library's ThreadingHTTPServer: grpokit declares no web framework (uvicorn and
-starlette are only transitive dependencies of verifiers), every grpokit process imports this module
-during component discovery, and a synchronous engine gains nothing from asyncio.
+Endpoints: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/completions`, `POST /v1/chat/completions`,
+`GET /health`, vLLM's token-in/token-out `POST /inference/v1/generate`, and grpokit's `GET /v1/weights`.
+This module is the API's logic (`OpenAIApp`: routes, checks, answers); grpokit.inference.server.asgi is
+the HTTP layer (Starlette on uvicorn). Requests are
+parsed and checked against `server.limits` (ServerLimits) on the HTTP side, before any work; all tokenizer
+and engine work runs on one engine thread (grpokit.inference.server.worker) that owns both, from a
+bounded queue. With a `broadcast`, that thread loads any newer published weights before each request and
+before answering `/v1/weights`.
 
 Where it departs from the OpenAI API:
 - vLLM extensions: `return_token_ids` adds `prompt_token_ids` (top level for chat, per choice for
-  completions) and per-choice `token_ids`; `chat_template_kwargs` is passed to the chat template.
+  completions) and per-choice `token_ids`; `chat_template_kwargs` is passed to the chat template (a
+  template of the request's own only with `server.limits.trust_request_chat_template`).
 - Every response carries a top-level `weight_step`: the trainer step of the weights that produced it.
 - `GET /v1/weights` answers `{"weight_step"}`, the step the engine holds once it has loaded the newest
   published one: the trainer's progress for an orchestrator whose broadcast only this process may poll
   (NCCLBroadcast, IPCBroadcast). `?sha256=true` adds the engine's checksum of those weights
   (InferenceEngine.weights_sha256), to compare with the trainer's.
+- `GET /health` answers `{"queued", "running_s", "alive"}` (503 once the engine thread has stopped).
 - Only the sampled token's logprob exists (the engine has no top-k): chat `top_logprobs` and
   completions `logprobs` above 0 are refused. Logprobs are of the temperature-scaled distribution.
 - `min_tokens` and `repetition_penalty` (vLLM extensions) are honoured, and logprobs are of the
   processed distribution (stop tokens masked, penalty applied, then temperature).
-- No streaming, tools, presence/frequency penalties, logit bias, echo or best_of: a non-default value
+- `stream: true` (chat and completions) sends the answer as server-sent events once it is sampled whole
+  (grpokit.inference.server.stream): the streaming format, not its latency.
+- `POST /inference/v1/generate` takes and returns token ids only, in the shape of vLLM's
+  (`token_ids`, `sampling_params` -> `request_id`, `choices[].token_ids`, `.logprobs.content`), so one
+  client serves vLLM and grpokit alike; errors in `sampling_params` name the field without the prefix.
+- No tools, presence/frequency penalties, logit bias, echo or best_of: a non-default value
   is a 400, never silently ignored. Other unknown fields are ignored, as vLLM does.
 - Token ids keep a stop string and the EOS token, as the engine sampled them; `text` and `content`
   end before the stop string, as in OpenAI's API.
@@ -31,25 +37,34 @@ Where it departs from the OpenAI API:
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
-from typing import Any
 from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
-from grpokit.inference.server.requests import RequestError, SamplingRequest, field, parse_messages, parse_prompts
+from grpokit.inference.server.asgi import OpenAIServer
+from grpokit.inference.server.limits import ServerLimits
+from grpokit.inference.server.requests import (
+    PromptBudget,
+    RequestError,
+    SamplingRequest,
+    check_rows,
+    field,
+    longest_token_chars,
+    parse_json,
+    parse_messages,
+    parse_prompts,
+    parse_stream,
+    parse_template_kwargs,
+    parse_token_ids,
+)
+from grpokit.inference.server.stream import chat_chunks, completion_chunks
+from grpokit.inference.server.worker import EngineWorker, OnEngine
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 * 2**20
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -59,7 +74,8 @@ def finish_reason(c: Completion) -> str:
 
 
 class OpenAIApp:
-    """The server's logic without the HTTP: `handle(method, path, body) -> (status, json)`."""
+    """The server's logic without the HTTP: `dispatch(method, path, query, body)` checks a request and
+    returns its answer, or the OnEngine work that makes it."""
 
     def __init__(
         self,
@@ -68,56 +84,50 @@ class OpenAIApp:
         model_name: str,
         broadcast: WeightBroadcast | None,
         max_model_len: int | None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name, self.broadcast = engine, tokenizer, model_name, broadcast
         self.max_model_len = max_model_len
+        self.limits = limits or ServerLimits()
         self.vocab_size = len(tokenizer)
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-engine")
+        self.budget = PromptBudget.of(max_model_len, self.limits.max_prompt_tokens, longest_token_chars(tokenizer))
+        self.worker = EngineWorker(self.limits.max_queued_requests)
 
-    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+    def dispatch(self, method: str, path: str, query: str, body: bytes) -> dict | OnEngine:
+        """The answer to a request (a RequestError for a refused one), or the engine work that makes it."""
         routes = {
             "/v1/models": ("GET", self.models),
             "/v1/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions),
-            "/health": ("GET", lambda _: {}),
+            "/health": ("GET", self.health),
             "/v1/weights": ("GET", self.weights),
+            "/inference/v1/generate": ("POST", self.generate),
         }
-        path, _, query = path.partition("?")
         path = path.rstrip("/")
-        try:
-            if path not in routes:
-                raise RequestError(f"no route {path}", status=404)
-            if method != routes[path][0]:
-                raise RequestError(f"{path} takes {routes[path][0]}, not {method}", status=405)
-            return 200, routes[path][1](self.parse_body(body) if method == "POST" else dict(parse_qsl(query)))
-        except RequestError as e:
-            return e.status, e.body()
-        except Exception as e:  # the client gets the error's text, the server log gets the traceback
-            log.exception("request to %s failed", path)
-            return 500, {
-                "error": {
-                    "message": f"internal error: {type(e).__name__}: {e}",
-                    "type": "InternalServerError",
-                    "param": None,
-                    "code": 500,
-                }
-            }
+        if path.startswith("/v1/models/"):
+            routes[path] = ("GET", lambda _: self.model_card(path.removeprefix("/v1/models/")))
+        if path not in routes:
+            raise RequestError(f"no route {path}", status=404)
+        if method != routes[path][0]:
+            raise RequestError(f"{path} takes {routes[path][0]}, not {method}", status=405)
+        return routes[path][1](self.parse_body(body) if method == "POST" else dict(parse_qsl(query)))
 
     def parse_body(self, body: bytes) -> dict:
-        try:
-            parsed = json.loads(body or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"request body is not valid JSON: {e}") from None
+        parsed = parse_json(body)
         if not isinstance(parsed, dict):
             raise RequestError("request body must be a JSON object")
-        model = field(parsed, "model", str, self.model_name)
+        self.check_model(field(parsed, "model", str, self.model_name))
+        return parsed
+
+    def check_model(self, model: str) -> None:
         if model != self.model_name:
             raise RequestError(
                 f"the model `{model}` does not exist; this server serves `{self.model_name}`", "model", 404
             )
-        return parsed
 
-    def models(self, _: dict) -> dict:
+    def model_card(self, model: str | None = None) -> dict:
+        if model is not None:
+            self.check_model(model)
         card = {
             "id": self.model_name,
             "object": "model",
@@ -127,9 +137,18 @@ class OpenAIApp:
         }
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
-        return {"object": "list", "data": [card], "weight_step": self.engine.weight_step}
+        return card
 
-    def weights(self, query: dict) -> dict:
+    def models(self, _: dict) -> dict:
+        return {"object": "list", "data": [self.model_card()], "weight_step": self.engine.weight_step}
+
+    def health(self, _: dict) -> dict:
+        status = self.worker.status()
+        if not status["alive"]:
+            raise RequestError("the engine thread has stopped", status=503)
+        return status
+
+    def weights(self, query: dict) -> OnEngine:
         """The step of the weights the engine holds, after loading the newest published one; with
         `sha256=true`, the engine's checksum of them too."""
         checksum = query.get("sha256", "false")
@@ -146,9 +165,9 @@ class OpenAIApp:
                     raise RequestError(str(e), "sha256") from None
             return answer
 
-        return self.on_engine_thread(work)
+        return OnEngine(work)
 
-    def completions(self, body: dict) -> dict:
+    def completions(self, body: dict) -> OnEngine:
         prompts = parse_prompts(body)
         logprobs = field(
             body,
@@ -159,11 +178,15 @@ class OpenAIApp:
             "0 or null (the engine returns only the sampled token's logprob)",
         )
         max_tokens = field(body, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, logprobs is not None)
+        params = SamplingRequest.parse(body, max_tokens, logprobs is not None, self.limits.max_n)
+        usage = parse_stream(body)
+        check_rows(len(prompts), params.n, self.limits.max_rows)
+        self.budget.check_prompts(prompts, self.vocab_size)
+        self.check_max_tokens(max_tokens)
 
         def work() -> dict:
-            ids = [self.encode(p) for p in prompts]
-            groups = self.sample(ids, params)
+            ids = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]  # as vLLM: specials added
+            groups = self.sample(ids, params, "prompt")
             choices = []
             for prompt, group in zip(ids, groups):
                 for c in group:
@@ -180,19 +203,22 @@ class OpenAIApp:
                     choices.append(choice)
             return self.envelope("cmpl", "text_completion", choices, ids, groups)
 
-        return self.on_engine_thread(work)
+        return OnEngine(work, None if usage is None else lambda answer: completion_chunks(answer, usage))
 
-    def chat_completions(self, body: dict) -> dict:
+    def chat_completions(self, body: dict) -> OnEngine:
         messages = parse_messages(body)
-        template_kwargs = field(body, "chat_template_kwargs", dict, {})
+        template_kwargs = parse_template_kwargs(body, self.limits.trust_request_chat_template)
         field(body, "top_logprobs", int, 0, lambda v: v == 0, "0 (the engine returns only the sampled token's logprob)")
         max_tokens = field(body, "max_completion_tokens", int, None, lambda v: v >= 1, ">= 1")
         max_tokens = max_tokens or field(body, "max_tokens", int, None, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, field(body, "logprobs", bool, False))
+        params = SamplingRequest.parse(body, max_tokens, field(body, "logprobs", bool, False), self.limits.max_n)
+        usage = parse_stream(body)
+        self.budget.check_messages(messages)
+        self.check_max_tokens(max_tokens)
 
         def work() -> dict:
             prompt = self.render(messages, template_kwargs)
-            group = self.sample([prompt], params)[0]
+            group = self.sample([prompt], params, "messages")[0]
             choices = []
             for i, c in enumerate(group):
                 message = {"role": "assistant", "content": self.text(c, params.stop)}
@@ -207,30 +233,54 @@ class OpenAIApp:
                 response["prompt_token_ids"] = prompt
             return response
 
-        return self.on_engine_thread(work)
+        return OnEngine(work, None if usage is None else lambda answer: chat_chunks(answer, usage))
+
+    def generate(self, body: dict) -> OnEngine:
+        """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`): `{token_ids, sampling_params,
+        model?, request_id?}` -> `{request_id, choices: [{index, token_ids, logprobs: {content} | null,
+        finish_reason}], prompt_logprobs: null}`, plus grpokit's `weight_step`. No text on either side."""
+        prompt = parse_token_ids(body, "token_ids")
+        if field(body, "stream", bool, False):
+            raise RequestError("stream is not supported on /inference/v1/generate", "stream")
+        sampling = field(body, "sampling_params", dict, {})
+        logprobs = field(sampling, "logprobs", int, None, lambda v: v == 0, "0 or null (the sampled token only)")
+        max_tokens = field(sampling, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
+        params = SamplingRequest.parse(sampling, max_tokens, logprobs is not None, self.limits.max_n)
+        request_id = field(body, "request_id", str, None) or uuid.uuid4().hex
+        check_rows(1, params.n, self.limits.max_rows)
+        self.budget.check_prompts([prompt], self.vocab_size, "token_ids")
+        self.check_max_tokens(max_tokens)
+
+        def work() -> dict:
+            group = self.sample([prompt], params, "token_ids")[0]
+            choices = [
+                {
+                    "index": i,
+                    "token_ids": c.token_ids,
+                    "logprobs": {"content": self.chat_logprobs(c)} if params.logprobs else None,
+                    "finish_reason": finish_reason(c),
+                }
+                for i, c in enumerate(group)
+            ]
+            weight_step = min(c.policy_step for c in group)
+            return {"request_id": request_id, "choices": choices, "prompt_logprobs": None, "weight_step": weight_step}
+
+        return OnEngine(work)
+
+    def check_max_tokens(self, max_tokens: int | None) -> None:
+        """max_tokens alone against the context (a prompt has at least one token), before any work."""
+        if self.max_model_len is not None and max_tokens is not None and max_tokens >= self.max_model_len:
+            raise RequestError(
+                f"this model's context is {self.max_model_len} tokens: max_tokens={max_tokens} leaves no room "
+                "for the prompt",
+                "max_tokens",
+            )
 
     # --- on the engine thread ---
 
-    def on_engine_thread(self, work: Callable[[], dict]) -> dict:
-        try:
-            future = self.worker.submit(work)
-        except RuntimeError:  # the worker has been shut down
-            raise RequestError("the server is shutting down", status=503) from None
-        try:
-            return future.result()
-        except CancelledError:  # queued when the worker was shut down
-            raise RequestError("the server is shutting down", status=503) from None
-
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)  # special tokens added, as vLLM does for completions
-        if not all(0 <= t < self.vocab_size for t in prompt):
-            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        return prompt
-
     def render(self, messages: list[dict], template_kwargs: dict) -> list[int]:
         try:
-            return list(
+            ids = list(
                 self.tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
                 )
@@ -239,24 +289,36 @@ class OpenAIApp:
             raise RequestError(
                 f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
             ) from None
+        if not ids:
+            raise RequestError("the chat template rendered the messages to no tokens", "messages")
+        return ids
 
     def load_newer_weights(self) -> None:
         """Load the newest weights the broadcast has published, if newer than the engine's."""
-        if self.broadcast is not None and (update := self.broadcast.poll(self.engine.weight_step)) is not None:
-            log.info("loading weights of step %d (was %d)", update.step, self.engine.weight_step)
-            self.engine.load_weights(update)
+        if self.broadcast is None:
+            return
+        try:
+            update = self.broadcast.poll(self.engine.weight_step)
+            if update is not None:
+                log.info("loading weights of step %d (was %d)", update.step, self.engine.weight_step)
+                self.engine.load_weights(update)
+        except Exception as e:
+            raise RuntimeError(
+                f"loading the newest weights from {type(self.broadcast).__name__} (the engine holds step "
+                f"{self.engine.weight_step}) failed: {type(e).__name__}: {e}"
+            ) from e
 
-    def sample(self, prompts: list[list[int]], params: SamplingRequest) -> list[list[Completion]]:
-        """Load newer broadcast weights, check the context length, then sample n completions per prompt."""
+    def sample(self, prompts: list[list[int]], params: SamplingRequest, param: str) -> list[list[Completion]]:
+        """Load newer broadcast weights, check the prompts and max_tokens against the context, then sample
+        n completions per prompt. `param` names the prompt's field in errors."""
         self.load_newer_weights()
+        for p in prompts:
+            self.budget.check_tokens(len(p), param)
         room = None if self.max_model_len is None else self.max_model_len - max(map(len, prompts))
-        max_tokens = params.max_tokens or max(
-            room or SamplingSettings.max_tokens, 1
-        )  # chat default: the rest of the context
+        max_tokens = params.max_tokens or max(room or SamplingSettings.max_tokens, 1)  # chat: the rest of the context
         if room is not None and max_tokens > room:
-            used = self.max_model_len - room
             raise RequestError(
-                f"this model's context is {self.max_model_len} tokens: {used} "
+                f"this model's context is {self.max_model_len} tokens: {self.max_model_len - room} "
                 f"prompt tokens leave room for {room}, not max_tokens={max_tokens}",
                 "max_tokens",
             )
@@ -314,75 +376,10 @@ class OpenAIApp:
             "weight_step": min(c.policy_step for group in groups for c in group),
         }
 
-    def close(self) -> None:
-        """Stop the worker thread after the request it is serving; queued requests get a 503."""
-        self.worker.shutdown(wait=True, cancel_futures=True)
-
-
-class Handler(BaseHTTPRequestHandler):
-    """Reads the request, hands it to the app, writes its JSON answer (one request per connection)."""
-
-    server: OpenAIServer
-    server_version = "grpokit"
-
-    def do_GET(self) -> None:
-        self.respond(*self.server.app.handle("GET", self.path, b""))
-
-    def do_POST(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            return self.respond(400, RequestError("Content-Length is not an integer").body())
-        if length > MAX_BODY_BYTES:
-            return self.respond(413, RequestError(f"request body over {MAX_BODY_BYTES} bytes", status=413).body())
-        self.respond(*self.server.app.handle("POST", self.path, self.rfile.read(length)))
-
-    def respond(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except ConnectionError:
-            log.debug("client left before its answer to %s", self.path)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-
-class OpenAIServer(ThreadingHTTPServer):
-    """The HTTP server of an OpenAIApp: `serve_forever()` here, or `start()` in a background thread."""
-
-    def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 8000) -> None:
-        super().__init__((host, port), Handler)
-        self.app = app
-        self.thread: threading.Thread | None = None
-        if not ipaddress.ip_address(self.server_address[0]).is_loopback:
-            log.warning("serving on %s: reachable from other machines, with no authentication", self.server_address[0])
-
-    @property
-    def url(self) -> str:
-        """Base URL for OpenAI clients, e.g. http://127.0.0.1:8000/v1."""
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}/v1"
-
-    def start(self) -> OpenAIServer:
-        self.thread = threading.Thread(target=self.serve_forever, name="grpokit-server", daemon=True)
-        self.thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop accepting requests, join the server thread (if started) and the engine thread."""
-        if self.thread is not None:
-            self.shutdown()
-            self.thread.join()
-        self.server_close()
-        self.app.close()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the engine thread: queued requests get a 503, the running one `timeout` seconds
+        (server.limits.shutdown_timeout when None). True when the thread has ended."""
+        return self.worker.close(self.limits.shutdown_timeout if timeout is None else timeout)
 
 
 def model_len(engine: InferenceEngine, tokenizer) -> int | None:
@@ -402,17 +399,19 @@ def make_app(
     model_name: str = "grpokit",
     broadcast: WeightBroadcast | None = None,
     max_model_len: int | None = None,
+    limits: ServerLimits | None = None,
 ) -> OpenAIApp:
     """The server logic for an engine that has been `setup`.
 
     Args:
-        engine: the engine; from here on only the app's worker thread calls it.
+        engine: the engine; from here on only the app's engine thread calls it.
         tokenizer: the engine's tokenizer (chat template, decoding).
         model_name: the model id clients pass and `/v1/models` lists.
         broadcast: if given (and `setup`), newer weights are loaded before each request.
         max_model_len: context length; found from the engine or tokenizer when None.
+        limits: what one request may cost and how the server behaves under load (ServerLimits()).
     """
-    return OpenAIApp(engine, tokenizer, model_name, broadcast, max_model_len or model_len(engine, tokenizer))
+    return OpenAIApp(engine, tokenizer, model_name, broadcast, max_model_len or model_len(engine, tokenizer), limits)
 
 
 def make_server(app: OpenAIApp, host: str = "127.0.0.1", port: int = 8000) -> OpenAIServer:
@@ -428,9 +427,11 @@ def serve(
     model_name: str = "grpokit",
     broadcast: WeightBroadcast | None = None,
     max_model_len: int | None = None,
+    limits: ServerLimits | None = None,
 ) -> None:
-    """Serve the engine over the OpenAI API until interrupted. Binds to loopback unless `host` says otherwise."""
-    server = make_server(make_app(engine, tokenizer, model_name, broadcast, max_model_len), host, port)
+    """Serve the engine over the OpenAI API until SIGTERM or SIGINT (graceful: answers in flight get
+    `limits.shutdown_timeout` seconds). Binds to loopback unless `host` says otherwise."""
+    server = make_server(make_app(engine, tokenizer, model_name, broadcast, max_model_len, limits), host, port)
     log.info("serving %s at %s", model_name, server.url)
     try:
         server.serve_forever()

@@ -1,0 +1,268 @@
+"""The HTTP layer of `grpokit infer`'s server: Starlette on uvicorn (h11), the stack vLLM's server uses.
+
+One event loop serves every connection; request bodies are parsed and checked on Starlette's thread pool
+(OpenAIApp.dispatch), and engine work is queued for the one engine thread (grpokit.inference.server.worker).
+What it adds to a plain uvicorn, each bounded by a `server.limits` key (ServerLimits):
+- a deadline for a request's line and headers (TimedH11Protocol) and for its body (`read_timeout`): a
+  slow or half-sent request is answered 408 and disconnected, instead of holding a connection for ever;
+- the body size from Content-Length before reading (`max_body_bytes`, 413), and while reading a
+  chunked body; a malformed or negative Content-Length is h11's 400;
+- open connections (`max_connections`, uvicorn's 503) and the listen backlog (`backlog`);
+- a client that hangs up while its request waits for the engine: the request leaves the queue;
+- SIGTERM or SIGINT (uvicorn's handlers, in the main thread): the listener closes, queued requests are
+  answered 503 with Retry-After, the running one gets `shutdown_timeout` seconds, then the process goes
+  on (the engine thread is a daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from grpokit.inference.server.limits import ServerLimits
+from grpokit.inference.server.requests import RequestError
+from grpokit.inference.server.stream import server_sent_events
+from grpokit.inference.server.worker import EngineWorker, OnEngine
+
+if TYPE_CHECKING:
+    from grpokit.inference.server.http import OpenAIApp
+
+log = logging.getLogger(__name__)
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+def timed_h11(read_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline of `read_timeout` seconds for each request's line and
+    headers, from the connection's start or the previous answer; uvicorn itself has none."""
+
+    class TimedH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _armed_cycle: object = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.cycle is None or self.cycle.response_complete:  # not when a pipelined request started
+                self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._deadline is not None and self.cycle is not self._armed_cycle:  # its headers arrived
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._armed_cycle = self.cycle
+            self._deadline = self.loop.call_later(read_timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(REQUEST_TIMEOUT)
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
+def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(payload).encode(), status, headers, media_type="application/json")
+
+
+def internal_error(e: Exception) -> dict:
+    message = f"internal error: {type(e).__name__}: {e}"
+    return {"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}
+
+
+async def read_body(request: Request, limits: ServerLimits) -> bytes:
+    """The body, at most `max_body_bytes` (checked from Content-Length first) within `read_timeout` s."""
+    too_large = RequestError(
+        f"request body over {limits.max_body_bytes} bytes (server.limits.max_body_bytes)", status=413
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) > limits.max_body_bytes:  # h11 has checked it is a number
+        raise too_large
+
+    async def collect() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(collect(), limits.read_timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(
+            f"the request body did not arrive within {limits.read_timeout:g}s (server.limits.read_timeout)",
+            status=408,
+        ) from None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (its body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def on_engine(worker: EngineWorker, request: Request, work) -> Any:
+    """Queue `work` for the engine thread and wait for its answer; a client that hangs up meanwhile takes
+    its request out of the queue (one the engine has started runs to its end) and raises ClientGone."""
+    future: Future = worker.submit(work)
+    answer = asyncio.wrap_future(future)
+    answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if nobody waits
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server stops waiting (shutdown timeout)
+        worker.withdraw(future)
+        raise
+    finally:
+        gone.cancel()
+    if answer.done():
+        return answer.result()
+    withdrawn = worker.withdraw(future)
+    log.info("client left %s", "before the engine started its request" if withdrawn else "while the engine ran it")
+    raise ClientGone
+
+
+def asgi_app(app: OpenAIApp) -> Starlette:
+    """Every path goes to `app.dispatch` (which answers 404 and 405 in the API's JSON error format)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            body = await read_body(request, app.limits) if request.method == "POST" else b""
+            answer = await run_in_threadpool(app.dispatch, request.method, request.url.path, request.url.query, body)
+            if isinstance(answer, OnEngine):
+                stream, answer = answer.stream, await on_engine(app.worker, request, answer.work)
+                if stream is not None:
+                    return StreamingResponse(server_sent_events(stream(answer)), media_type="text/event-stream")
+                return await run_in_threadpool(json_response, 200, answer)
+            return json_response(200, answer)
+        except RequestError as e:
+            return json_response(e.status, e.body(), e.headers())
+        except (ClientGone, ClientDisconnect):
+            return Response(status_code=499)  # nobody reads it: uvicorn drops answers to closed connections
+        except Exception as e:  # the client gets the error's text, the server log gets the traceback
+            log.exception("request to %s failed", request.url.path)
+            return json_response(500, internal_error(e))
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=METHODS)])
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, whose shutdown first closes the listener, then stops the engine thread (queued
+    requests answered 503, the running one given shutdown_timeout), then lets uvicorn finish."""
+
+    def __init__(self, config: uvicorn.Config, app: OpenAIApp) -> None:
+        super().__init__(config)
+        self.grpokit_app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in getattr(self, "servers", []):
+            server.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.grpokit_app.close)
+        await super().shutdown(sockets=sockets)
+
+
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket listening on exactly `host`:`port`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=backlog)
+    except OSError as e:
+        raise OSError(f"the server cannot listen on {host}:{port} (server.host, server.port): {e}") from e
+
+
+class OpenAIServer:
+    """The HTTP server of an OpenAIApp, bound at construction: `serve_forever()` in the main thread (stops
+    on SIGTERM or SIGINT), or `start()` in a background thread and `close()`."""
+
+    def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 8000) -> None:
+        self.app = app
+        self.socket = listen(host, port, app.limits.backlog)
+        self.server_address = self.socket.getsockname()[:2]
+        config = uvicorn.Config(
+            asgi_app(app),
+            http=timed_h11(app.limits.read_timeout),
+            ws="none",
+            lifespan="off",
+            loop="asyncio",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            backlog=app.limits.backlog,
+            limit_concurrency=app.limits.max_connections,
+            timeout_graceful_shutdown=app.limits.shutdown_timeout,
+        )
+        self.uvicorn = _Uvicorn(config, app)
+        self.thread: threading.Thread | None = None
+        if not ipaddress.ip_address(self.server_address[0]).is_loopback:
+            log.warning("serving on %s: reachable from other machines, with no authentication", self.server_address[0])
+
+    @property
+    def url(self) -> str:
+        """Base URL for OpenAI clients, e.g. http://127.0.0.1:8000/v1."""
+        host, port = self.server_address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+    def serve_forever(self) -> None:
+        self.uvicorn.run(sockets=[self.socket])
+
+    def start(self, timeout: float = 30.0) -> OpenAIServer:
+        """Serve in a background thread; returns once the server accepts connections."""
+        self.thread = threading.Thread(target=self.serve_forever, name="grpokit-server", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.uvicorn.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server at {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def close(self) -> None:
+        """Stop serving, join the server thread (if started) and the engine thread (see OpenAIApp.close)."""
+        if self.thread is not None:
+            self.uvicorn.should_exit = True
+            self.thread.join()
+        self.socket.close()
+        self.app.close()
+
+    def __enter__(self) -> OpenAIServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,323 @@
+"""The server under abuse and load, on a real loopback socket: every limit of `server.limits` is checked
+before any work and answered with a 4xx naming its key within a second or two (the process's peak memory
+barely moves); malformed HTTP is a 400, slow clients a 408, a full queue a 429 with Retry-After; a
+client that hangs up leaves the queue; 40 simultaneous connections are all answered; request-supplied
+chat templates are refused unless the server trusts them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.inference.builtin import BuiltinEngine
+from grpokit.inference.server.http import make_app, make_server
+from grpokit.inference.server.limits import ServerLimits
+from grpokit.testing import serving
+from grpokit.types import WeightUpdate
+
+MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
+PROMPT_IDS = [1, 520, 9531, 198]
+LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}"  # ~10^10 steps
+SMALL = {"max_n": 8, "max_rows": 16, "max_body_bytes": 2**20, "max_queued_requests": 2, "read_timeout": 1.0}
+
+
+@contextlib.contextmanager
+def limited_server(model: str, **limits):
+    """The builtin engine behind the server with these server.limits, on a free loopback port."""
+    engine = BuiltinEngine(device="cpu")
+    engine.setup(model)
+    app = make_app(engine, engine.tokenizer, model_name="tiny", limits=ServerLimits(**limits))
+    server = make_server(app, port=0).start()
+    try:
+        yield engine, server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def small(tiny_model):
+    with limited_server(tiny_model, **SMALL) as (_, server):
+        yield server
+
+
+def post(server, path: str, body, timeout: float = 60) -> tuple[int, dict, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(server.url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def raw(server, data: bytes, timeout: float = 10) -> bytes:
+    """Send raw bytes and read until the server closes the connection."""
+    with socket.create_connection(server.server_address, timeout=timeout) as s:
+        s.sendall(data)
+        response = b""
+        while chunk := s.recv(65536):
+            response += chunk
+    return response
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+ABUSE = [
+    ("/completions", {"prompt": PROMPT_IDS, "n": 2**70, "max_tokens": 1}, "n", "server.limits.max_n"),
+    (
+        "/completions",
+        {"prompt": [PROMPT_IDS] * 3, "n": 8},
+        "prompt",
+        "24 completions in one request, over server.limits.max_rows=16",
+    ),
+    ("/chat/completions", {"messages": MESSAGES, "n": 10_000, "max_tokens": 4}, "n", "<= 8 (server.limits.max_n)"),
+    ("/completions", {"prompt": "a" * 900_000}, "prompt", "the prompt has 900000 characters: more than 511 tokens"),
+    ("/completions", {"prompt": list(range(1, 601))}, "prompt", "the prompt has 600 tokens, over the limit of 511"),
+    (
+        "/completions",
+        {"prompt": "hello " * 600, "max_tokens": 4},
+        "prompt",
+        "tokens, over the limit of 511 (this model's context of 512",
+    ),
+    (
+        "/chat/completions",
+        {"messages": [{"role": "user", "content": "hello " * 600}]},
+        "messages",
+        "tokens, over the limit of 511",
+    ),
+    (
+        "/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}] * 600},
+        "messages",
+        "the prompt has 600 tokens",
+    ),
+    (
+        "/completions",
+        {"prompt": PROMPT_IDS, "max_tokens": 512},
+        "max_tokens",
+        "context is 512 tokens: max_tokens=512 leaves no room",
+    ),
+    (
+        "/completions",
+        {"prompt": PROMPT_IDS, "max_tokens": 510},
+        "max_tokens",
+        "4 prompt tokens leave room for 508, not max_tokens=510",
+    ),
+    (
+        "/completions",
+        b'{"prompt": "x", "temperature": Infinity}',
+        "temperature",
+        "must be a finite number, got Infinity",
+    ),
+    ("/completions", b'{"prompt": "x", "temperature": -Infinity}', "temperature", "finite"),
+    ("/completions", b'{"prompt": "x", "top_p": NaN}', "top_p", "finite"),
+    ("/completions", b'{"prompt": "x", "repetition_penalty": 1e999}', "repetition_penalty", "finite"),
+    ("/completions", b"[" * 100_000, None, "nests JSON arrays or objects too deeply"),
+    ("/chat/completions", b'{"messages": ' + b'{"a": ' * 100_000, None, "too deeply"),
+    (
+        "/chat/completions",
+        {"messages": MESSAGES, "chat_template_kwargs": {"chat_template": LOOPS}},
+        "chat_template_kwargs",
+        "--server.limits.trust_request_chat_template true",
+    ),
+    (
+        "/chat/completions",
+        {"messages": MESSAGES, "chat_template": None, "chat_template_kwargs": {"chat_template": LOOPS}},
+        "chat_template_kwargs",
+        "renders only its own chat template",
+    ),
+    (
+        "/chat/completions",
+        {"messages": MESSAGES, "chat_template": "{{ 'x' }}"},
+        "chat_template",
+        "renders only its own chat template",
+    ),
+    (
+        "/chat/completions",
+        {"messages": MESSAGES, "chat_template_kwargs": {"tokenize": False}},
+        "chat_template_kwargs",
+        "chat_template_kwargs.tokenize is set by the server",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), ABUSE, ids=range(len(ABUSE)))
+def test_each_abuse_gets_a_400_naming_the_limit_within_a_second(small, path, body, param, message):
+    start, rss = time.monotonic(), peak_rss_mb()
+    status, payload, _ = post(small, path, body)
+    elapsed = time.monotonic() - start
+    assert status == 400 and payload["error"]["param"] == param, payload
+    assert message in payload["error"]["message"], payload["error"]["message"]
+    assert elapsed < 2.0, f"{elapsed:.2f}s"
+    assert peak_rss_mb() - rss < 200
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"Content-Length: -1\r\n", 400),
+        (b"Content-Length: 12abc\r\n", 400),
+        (b"Content-Length: 50000000\r\n", 413),  # 50 MB announced, none sent: refused before reading
+        (b"Transfer-Encoding: chunked\r\n\r\n200000\r\n" + b"x" * 2**20 + b"\r\n", 413),  # over 1 MiB while reading
+    ],
+    ids=["negative Content-Length", "garbage Content-Length", "body over max_body_bytes", "chunked body over it"],
+)
+def test_malformed_or_oversized_requests_are_refused_without_a_500(small, head, status):
+    start = time.monotonic()
+    response = raw(small, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + head + b"\r\n")
+    assert status_of(response) == status and b"Traceback" not in response
+    if status == 413:
+        assert b"server.limits.max_body_bytes" in response
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "partial",
+    [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+    ],
+    ids=["half-sent headers", "half-sent body"],
+)
+def test_a_half_sent_request_is_answered_408_after_read_timeout(small, partial):
+    start = time.monotonic()
+    response = raw(small, partial)
+    assert status_of(response) == 408 and 0.9 < time.monotonic() - start < 3.0
+
+
+def test_models_by_id(small):
+    with urllib.request.urlopen(small.url + "/models/tiny", timeout=30) as r:
+        card = json.loads(r.read())
+    assert card["id"] == "tiny" and card["object"] == "model" and card["max_model_len"] == 512
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(small.url + "/models/gpt-4o", timeout=30)
+    assert e.value.code == 404 and "`gpt-4o` does not exist" in json.loads(e.value.read())["error"]["message"]
+
+
+@contextlib.contextmanager
+def blocked_engine(engine):
+    """The engine's generate waits on the returned event; `calls` counts the requests that reached it."""
+    release, calls, generate = threading.Event(), [], engine.generate
+
+    def held(*args, **kwargs):
+        calls.append(args)
+        release.wait(60)
+        return generate(*args, **kwargs)
+
+    engine.generate = held
+    try:
+        yield release, calls
+    finally:
+        release.set()
+        engine.generate = generate
+
+
+def in_background(server, body: dict) -> tuple[threading.Thread, list]:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(post(server, "/completions", body)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_is_answered_429_with_retry_after(tiny_model):
+    body = {"prompt": PROMPT_IDS, "max_tokens": 2}
+    with limited_server(tiny_model, max_queued_requests=2) as (engine, server):
+        with blocked_engine(engine) as (release, calls):
+            running = in_background(server, body)
+            wait_until(lambda: len(calls) == 1)
+            queued = [in_background(server, body) for _ in range(2)]
+            wait_until(lambda: server.app.worker.status()["queued"] == 2)
+            status, payload, headers = post(server, "/completions", body)
+            assert status == 429 and "server.limits.max_queued_requests=2" in payload["error"]["message"]
+            assert 1 <= int(headers["Retry-After"]) <= 60
+            release.set()
+            for thread, result in [running, *queued]:
+                thread.join(60)
+                assert result[0][0] == 200
+
+
+def test_a_client_that_hangs_up_leaves_the_queue_before_the_engine_runs_it(tiny_model):
+    with limited_server(tiny_model) as (engine, server):
+        with blocked_engine(engine) as (release, calls):
+            running = in_background(server, {"prompt": PROMPT_IDS, "max_tokens": 2})
+            wait_until(lambda: len(calls) == 1)
+            body = json.dumps({"prompt": PROMPT_IDS, "n": 64, "max_tokens": 400}).encode()
+            with socket.create_connection(server.server_address, timeout=10) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                wait_until(lambda: server.app.worker.status()["queued"] == 1)
+            wait_until(lambda: server.app.worker.status()["queued"] == 0)  # gone with its client
+            release.set()
+            running[0].join(60)
+            assert running[1][0][0] == 200
+            time.sleep(0.3)
+            assert len(calls) == 1 and server.app.worker.status() == {"queued": 0, "running_s": None, "alive": True}
+
+
+def test_forty_simultaneous_connections_are_all_answered(tiny_model):
+    with limited_server(tiny_model) as (_, server):
+        barrier, results = threading.Barrier(40), []
+
+        def client(i: int) -> None:
+            barrier.wait()
+            results.append(post(server, "/completions", {"prompt": PROMPT_IDS, "max_tokens": 1, "seed": i})[0])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert results == [200] * 40
+
+
+def test_a_trusted_request_template_renders_and_an_empty_render_is_a_400(tiny_model):
+    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    with limited_server(tiny_model, trust_request_chat_template=True) as (engine, server):
+        base = {"messages": MESSAGES, "max_tokens": 2, "return_token_ids": True}
+        status, payload, _ = post(server, "/chat/completions", {**base, "chat_template": template})
+        expected = engine.tokenizer.apply_chat_template(
+            MESSAGES, chat_template=template, tokenize=True, return_dict=False
+        )
+        assert status == 200 and payload["prompt_token_ids"] == list(expected)
+        kwargs = {"chat_template": "{% if false %}x{% endif %}"}
+        status, payload, _ = post(server, "/chat/completions", {**base, "chat_template_kwargs": kwargs})
+        assert status == 400 and payload["error"]["param"] == "messages"
+        assert "rendered the messages to no tokens" in payload["error"]["message"]
+
+
+def test_weights_that_fail_to_load_are_a_500_naming_the_broadcast(tiny_model, tmp_path):
+    """A truncated file in a published step: every request fails until the trainer publishes again, and
+    says why (the file's path is the broadcast's to name: FilesystemBroadcast does not yet)."""
+    trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
+    trainer.setup(tmp_path)
+    reader.setup(tmp_path)
+    with serving(tiny_model, reader) as (engine, server):
+        trainer.publish(WeightUpdate(step=1, tensors={k: v.clone() for k, v in engine.model.state_dict().items()}))
+        (weights,) = tmp_path.rglob("step_1/*.safetensors")
+        weights.write_bytes(weights.read_bytes()[:100])
+        status, payload, _ = post(server, "/completions", {"prompt": PROMPT_IDS, "max_tokens": 2})
+    message = payload["error"]["message"]
+    assert status == 500 and "loading the newest weights from FilesystemBroadcast (the engine holds step -1)" in message
+    assert "SafetensorError" in message
