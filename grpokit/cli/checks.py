@@ -73,6 +73,6 @@ def check_lengths(data) -> None:
 def fill_seeds(config) -> None:
     """data.seed null -> seed_everything (the sampling seed follows data.seed unless set): replicates over
     seed_everything then differ in prompt order and rollouts, as a replicate must."""
-    seed = getattr(config, "seed_everything", None)
-    if getattr(config.data, "seed", None) is None and seed is not None and seed is not False:
+    seed = getattr(config, "seed_everything", None)  # an int, or before Lightning draws one: True (random)
+    if getattr(config.data, "seed", None) is None and isinstance(seed, int) and not isinstance(seed, bool):
         config.data.seed = int(seed)

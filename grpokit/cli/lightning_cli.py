@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.broadcast.filesystem import FilesystemBroadcast
-from grpokit.cli.checks import check_recipe
+from grpokit.cli.checks import check_recipe, fill_seeds
 from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
@@ -72,6 +72,7 @@ class GrpoCLI(LightningCLI):
         config, subparser = (self.config[sub], self._subcommand_parsers[sub]) if sub else (self.config, parser)
         reset_carried_init_args(args, config, subparser.get_defaults())
         if self.resolve_only:
+            fill_seeds(config)  # what the run will use: a sweep and a replay compare resolved recipes
             raise _Resolved(subparser.dump(config, skip_unset=False, skip_default=False, with_comments=False))
         if printing:
             flags = {f for f in printing[-1].partition("=")[2].split(",") if f}
