@@ -90,4 +90,4 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_ove
         '| model.loss.class_path | `"grpokit.registry.losses.aipo.AIPO"` '
         '| `"grpokit.registry.losses.clipped_pg.ClippedPG"` |' in report
     )
-    assert "Seeds (seed_everything) differ" in report
+    assert "Seeds (data.seed, seed_everything) differ" in report  # data.seed follows seed_everything
