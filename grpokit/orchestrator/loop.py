@@ -214,10 +214,17 @@ class RolloutLoop:
             block = generation * config.buffer.rounds + round_
             seed = config.sampling.seed * 1_000_003 + block
             sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
-            prompts, skipped = split_by_length(self.tokenizer, self.prompts.take(block, num_sampled), self.prompt_limit)
+            taken = self.prompts.take(block, num_sampled)
+            prompts, prompt_ids, skipped = split_by_length(self.tokenizer, taken, self.prompt_limit)
             too_long += skipped
             groups = generate_rollouts(
-                self.engine, self.tokenizer, prompts, config.rollouts_per_example, sampling, block * num_sampled
+                self.engine,
+                self.tokenizer,
+                prompts,
+                config.rollouts_per_example,
+                sampling,
+                block * num_sampled,
+                prompt_ids,
             )
             for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
                 self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))

@@ -44,12 +44,17 @@ def prompt_token_limit(max_tokens: int, seq_len: int, context: int | None, max_p
 
 def split_by_length(
     tokenizer, prompts: list[tuple[Environment, Example]], limit: int
-) -> tuple[list[tuple[Environment, Example]], int]:
-    """(the prompts of at most `limit` tokens, how many were longer); logs the first few dropped."""
-    fitting, dropped = [], []
+) -> tuple[list[tuple[Environment, Example]], list[list[int]], int]:
+    """(the prompts of at most `limit` tokens, their token ids, how many were longer); logs the first
+    few dropped. The ids go on to the engine, so each prompt is tokenised once."""
+    fitting, fitting_ids, dropped = [], [], []
     for env, ex in prompts:
-        n = len(prompt_token_ids(tokenizer, ex))
-        (fitting if n <= limit else dropped).append((env, ex, n))
+        ids = prompt_token_ids(tokenizer, ex)
+        if len(ids) <= limit:
+            fitting.append((env, ex))
+            fitting_ids.append(ids)
+        else:
+            dropped.append((env, ex, len(ids)))
     for env, ex, n in dropped[:3]:
         log.warning(
             "environment %r example %d: prompt of %d tokens is over the limit of %d (data.max_prompt_tokens, "
@@ -60,4 +65,4 @@ def split_by_length(
             n,
             limit,
         )
-    return [(env, ex) for env, ex, _ in fitting], len(dropped)
+    return fitting, fitting_ids, len(dropped)

@@ -28,12 +28,15 @@ def generate_rollouts(
     rollouts_per_example: int,
     sampling: SamplingSettings,
     first_group_id: int,
+    prompt_ids: list[list[int]] | None = None,
 ) -> list[list[Rollout]]:
     """Sample `rollouts_per_example` completions per prompt and score them (and their steps, where the
-    environment reports step rewards); one list per group."""
+    environment reports step rewards); one list per group. `prompt_ids`: the prompts' token ids when the
+    caller has them already (the length check tokenised them), else they are tokenised here."""
     if not prompts:  # every prompt of the block was too long (grpokit.orchestrator.prompt_length)
         return []
-    prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
+    if prompt_ids is None:
+        prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
