@@ -23,7 +23,13 @@ class Advantage(ABC):
     credit within a completion (Process) overrides it; with one step per rollout that ends at its last
     token, rewarded with the outcome reward, it must agree with `__call__` (checked by
     grpokit.testing.check_advantage).
+
+    `uses_outcome_reward`: the advantages depend on `Rollout.reward` (the default). An estimator that
+    reads only step rewards (Process) sets it False, and `data.kl_in_reward`, which shapes that reward,
+    refuses it at start rather than have no effect.
     """
+
+    uses_outcome_reward: bool = True
 
     @abstractmethod
     def __call__(self, rewards_PG: torch.Tensor, lengths_PG: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,9 @@ class Rollout:
         is_expert: an expert (gold) completion the orchestrator added (`data.expert`), not sampled: it
             has no reward, advantage or inference logprobs and is trained on only by losses with
             `needs_experts` (Chord's SFT term).
+        messages: a multi-turn rollout's whole chat (prompt, replies, tool results, the environment's
+            messages) for samples.jsonl; None for a single-turn one. Its completion_ids hold every turn,
+            the environment's tokens with completion_mask 0 (grpokit.orchestrator.multi_turn).
     """
 
     example_id: int
@@ -53,6 +56,7 @@ class Rollout:
     step_rewards: list[float] | None = None
     step_ends: list[int] | None = None
     is_expert: bool = False
+    messages: list[dict] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

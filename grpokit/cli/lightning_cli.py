@@ -27,6 +27,7 @@ from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.vllm.launch import start_for_fit
 from grpokit.orchestrator import Orchestrator
+from grpokit.orchestrator.kl_reward import warn_if_loss_has_kl
 from grpokit.orchestrator.pools import restart_log
 from grpokit.run import RunContext, Startup, open_run, start_engine
 from grpokit.trainer.callbacks import ShareBaseWeights, StopOnInterrupt, WeightSync
@@ -172,7 +173,9 @@ class GrpoCLI(LightningCLI):
             run.restore_buffer,
             # DDP: keep a micro-batch per rank
             trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1,
+            reference_model=self.model.model_name,  # data.kl_in_reward's reference: the initial policy
         )
+        warn_if_loss_has_kl(self.datamodule.kl_in_reward, self.model.loss)
         if self.trainer.max_steps == -1:
             self._one_pass(self.datamodule.max_steps)
         if getattr(engine, "share_weights", False) and self.model.lora is not None:

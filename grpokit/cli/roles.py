@@ -21,6 +21,7 @@ from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.vllm.launch import start_recipe_vllm
+from grpokit.orchestrator.kl_reward import warn_if_loss_has_kl
 from grpokit.orchestrator.weights import weight_source
 from grpokit.run import start_engine
 
@@ -126,8 +127,16 @@ def orchestrate(cli) -> int:
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.run.start_step, published.step if published else 0)
     loop = data.connect(
-        engine, broadcast, tokenizer, cli.run.run_dir, cli.trainer.max_steps, start, cli.run.restore_buffer
+        engine,
+        broadcast,
+        tokenizer,
+        cli.run.run_dir,
+        cli.trainer.max_steps,
+        start,
+        cli.run.restore_buffer,
+        reference_model=cli.model.model_name,  # data.kl_in_reward's reference: the initial policy
     )
+    warn_if_loss_has_kl(data.kl_in_reward, cli.model.loss)
     loop.run(first_unsent_step(data, start))
     data.transport.close()
     return 0

@@ -26,6 +26,7 @@ from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.environment import EnvSpec
 from grpokit.orchestrator.evaluation import EvalSettings
 from grpokit.orchestrator.experts import ExpertSettings
+from grpokit.orchestrator.kl_reward import KLInRewardSettings
 from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.registry.advantages.group_norm import GroupNorm
@@ -66,6 +67,8 @@ class Orchestrator(L.LightningDataModule):
         num_generations: int | None = None,
         num_iterations: int = 1,
         expert: ExpertSettings | None = None,
+        kl_in_reward: KLInRewardSettings | None = None,
+        max_turns: int = 8,
     ) -> None:
         """
         Args:
@@ -107,6 +110,12 @@ class Orchestrator(L.LightningDataModule):
                 for the weights moving in between).
             expert: add one expert completion per group, the example's reference answer (for losses
                 that learn from demonstrations, such as Chord); null adds none.
+            kl_in_reward: `{coef, estimator}`: each rollout's reward for the advantages becomes reward -
+                coef * KL_seq, the KL estimator summed over its trained tokens, engine logprobs against
+                the initial model (verl's use_kl_in_reward; grpokit.orchestrator.kl_reward); null = off.
+            max_turns: the most assistant turns of a multi-turn rollout (environments with tools or a
+                `respond` method; a task's own `max_turns` wins); its tokens also fit seq_len
+                (grpokit.orchestrator.multi_turn). Single-turn environments ignore it.
         """
         super().__init__()
         self.shape = resolve_batch_shape(
@@ -128,6 +137,11 @@ class Orchestrator(L.LightningDataModule):
         if advantage is None:
             advantage = GroupNorm()
         check_group_size(advantage, rollouts_per_example)
+        if kl_in_reward is not None and not advantage.uses_outcome_reward:
+            raise ValueError(
+                f"data.kl_in_reward shapes each rollout's reward, which data.advantage {type(advantage).__name__} "
+                "does not read (it uses step rewards only): set data.kl_in_reward: null or another data.advantage"
+            )
         if transport is None:
             transport = FilesystemTransport()
         self.env_specs = env or [EnvSpec(id="reverse-text")]
@@ -151,7 +165,10 @@ class Orchestrator(L.LightningDataModule):
             raise ValueError(f"data.timeout ({timeout}) and data.weights_timeout ({weights_timeout}) must be > 0")
         self.buffer = buffer or BufferSettings()
         self.eval_settings = eval
-        self.expert = expert
+        self.expert, self.kl_in_reward = expert, kl_in_reward
+        if max_turns < 1:
+            raise ValueError(f"data.max_turns must be >= 1 (assistant turns per rollout), got {max_turns}")
+        self.max_turns = max_turns
         self.loop: RolloutLoop | None = None  # the producer, once connect() gives it an engine
         self.run_dir: Path | None = None  # connect_trainer sets these three
         self.max_steps, self.start_step = 0, 0
@@ -169,11 +186,13 @@ class Orchestrator(L.LightningDataModule):
         start_step: int = 0,
         restore_buffer: bool = True,
         trainer_shares_prefixes: bool = False,
+        reference_model: str | None = None,
     ) -> RolloutLoop:
         """Both sides: the trainer's (connect_trainer) and the rollout loop, given its engine, broadcast,
-        tokenizer and run folder (grpokit.orchestrator.loop.RolloutLoop has the details)."""
+        tokenizer, run folder and the policy's model name (grpokit.orchestrator.loop.RolloutLoop has the
+        details)."""
         self.connect_trainer(run_dir, max_steps, start_step)
-        run = (self.run_dir, max_steps, start_step, restore_buffer, trainer_shares_prefixes)
+        run = (self.run_dir, max_steps, start_step, restore_buffer, trainer_shares_prefixes, reference_model)
         self.loop = RolloutLoop(self, engine, broadcast, tokenizer, *run)
         self.max_steps = self.loop.max_steps  # trainer.max_steps -1: the loop's count of one pass
         return self.loop

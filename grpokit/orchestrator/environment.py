@@ -81,8 +81,16 @@ class Environment:
         str or a bool is an error naming the env and example: training on a made-up reward would bias the
         run without a trace.
         """
-        traces = [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)]
+        return self._score_traces(examples, [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)])
 
+    def score_conversations(
+        self, examples: list[Example], chats: list[list[dict[str, Any]]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Reward each multi-turn rollout's whole chat (the prompt's messages, then the replies and the
+        environment's messages) with the taskset's rubric, checked like `score`."""
+        return self._score_traces(examples, [make_chat_trace(ex.task, chat) for ex, chat in zip(examples, chats)])
+
+    def _score_traces(self, examples: list[Example], traces: list) -> list[tuple[float, dict[str, float]]]:
         async def score_all() -> list:
             return await asyncio.gather(
                 *(ex.task.score(tr) for ex, tr in zip(examples, traces)), return_exceptions=True
@@ -150,6 +158,11 @@ class UnscoredEnvironment(Environment):
 
     def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
         return [(0.0, {}) for _ in replies]
+
+    def score_conversations(
+        self, examples: list[Example], chats: list[list[dict[str, Any]]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        return [(0.0, {}) for _ in chats]
 
     def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
         return [None for _ in replies]
@@ -258,6 +271,31 @@ def checked_trace_class() -> type:
             super().record_reward(name, value, weight)
 
     return CheckedTrace
+
+
+def make_chat_trace(task: Any, chat: list[dict[str, Any]]):
+    """A finished verifiers Trace of a whole conversation: one message node per message, each the
+    child of the one before; assistant messages are marked sampled."""
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
+    nodes = []
+    for i, m in enumerate(chat):
+        message = kinds[m["role"]](content=m["content"]) if m["role"] in kinds else None
+        if message is None:  # tool results, and any other role an environment speaks as
+            message = vf.ToolMessage(content=m["content"], tool_call_id=m.get("tool_call_id", f"call_{i}"))
+        nodes.append(MessageNode(parent=i - 1 if i else None, sampled=m["role"] == "assistant", message=message))
+    data = task.data
+    return checked_trace_class()(
+        task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
+        agent=AgentInfo(config=AgentConfig(model="grpokit")),
+        nodes=nodes,
+        is_completed=True,
+        ok=True,
+    )
 
 
 def make_trace(task: Any, reply: str):

@@ -26,11 +26,12 @@ from grpokit.inference import InferenceEngine
 from grpokit.orchestrator.environment import Environment, UnscoredEnvironment
 from grpokit.orchestrator.evaluation import Evaluator
 from grpokit.orchestrator.experts import expert_rollouts
+from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
 from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
 from grpokit.orchestrator.prompt_length import prompt_token_limit, split_by_length
 from grpokit.orchestrator.prompts import PromptSampler
-from grpokit.orchestrator.rollouts import generate_rollouts
+from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.orchestrator.weights import weight_source
 from grpokit.types import Rollout, TrainingBatch
@@ -61,6 +62,7 @@ class RolloutLoop:
     The easy/hard pools are restored as they were when the batch of start_step was sampled, or start
     empty with restore_buffer=False (ckpt.skip_buffer). `trainer_shares_prefixes`: the trainer in this
     process runs each shared prefix once (data.packing auto then packs by prefix-tree nodes).
+    `reference_model`: the policy's initial model (`model.model`), which data.kl_in_reward scores against.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class RolloutLoop:
         start_step: int = 0,
         restore_buffer: bool = True,
         trainer_shares_prefixes: bool = False,
+        reference_model: str | None = None,
     ) -> None:
         self.config, self.shape = config, config.shape
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
@@ -94,6 +97,10 @@ class RolloutLoop:
         self.evaluator = None
         if config.eval_settings:
             self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir, start_step)
+        self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
+        if config.kl_in_reward is not None:
+            scorer = ReferenceScorer(reference_model, row_tokens=config.seq_len)
+            self.kl_reward = KLInReward(config.kl_in_reward, scorer)
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
         self.generation: Generation | None = None  # the newest generation sampled
 
@@ -159,11 +166,11 @@ class RolloutLoop:
             **(gen.eval_metrics if fresh else {}),
         )
         self._log_samples(step, all_rollouts)
-        micro_batches = self._pack(groups, rollouts, flags, metrics)
+        temperature = self.temperature(index) or 1.0
+        micro_batches = self._pack(groups, rollouts, flags, metrics, temperature)
         policy_step = min(r.policy_step for r in all_rollouts)
         start = wall_start - (gen.gen_time if fresh else 0.0)
         record_timeline(self.run_dir, "orchestrator", step, start, time.time(), policy_step=policy_step)
-        temperature = self.temperature(index) or 1.0
         return TrainingBatch(step=step, micro_batches=micro_batches, temperature=temperature, metrics=metrics)
 
     def _generation(self, index: int) -> Generation:
@@ -178,11 +185,16 @@ class RolloutLoop:
             self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
         return self.generation
 
-    def _pack(self, groups, rollouts, flags, metrics) -> list:
+    def _pack(self, groups, rollouts, flags, metrics, temperature: float) -> list:
         """The step's micro-batches: rollouts (masked where an enforcing filter flagged them) and expert
-        completions; records expert_seqs and packing_efficiency in `metrics`."""
+        completions; records expert_seqs and packing_efficiency in `metrics`. With data.kl_in_reward the
+        advantages are of the shaped rewards (grpokit.orchestrator.kl_reward), everything else of the env's."""
         config = self.config
-        advantages = config.advantage.token_advantages(groups)
+        shaped = groups
+        if self.kl_reward is not None:
+            shaped, kl_metrics = self.kl_reward.shape(groups, temperature)
+            metrics.update(kl_metrics)
+        advantages = config.advantage.token_advantages(shaped)
         enforced = [f.name for f in config.filters if f.enforce]
         trainable = [not any(flags[name][i] for name in enforced) for i in range(len(rollouts))]
         experts = expert_rollouts(groups, self.envs, self.tokenizer, config.expert) if config.expert else []
@@ -225,6 +237,7 @@ class RolloutLoop:
                 sampling,
                 block * num_sampled,
                 prompt_ids,
+                TurnLimits(config.max_turns, config.seq_len),
             )
             for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
                 self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
@@ -282,6 +295,8 @@ class RolloutLoop:
                     "reward": r.reward,
                     "completion": r.completion_text,
                 }
+                if r.messages is not None:  # a multi-turn rollout: the whole chat, tool calls and results
+                    sample["messages"] = r.messages
                 f.write(json.dumps(sample) + "\n")
 
 

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+from dataclasses import dataclass
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.orchestrator.conversation import is_multi_turn
 from grpokit.orchestrator.environment import Environment, Example
+from grpokit.orchestrator.multi_turn import conversation_rollouts, generate_conversations
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.steps import rollout_steps
 from grpokit.types import Rollout
 
 log = logging.getLogger(__name__)
 NONFINITE_LOGPROBS = "nonfinite_logprobs"
+
+
+@dataclass
+class TurnLimits:
+    """How long a multi-turn rollout may grow: `max_turns` assistant turns (a task's own `max_turns`
+    wins), and `budget` tokens of prompt + every turn (data.seq_len; None = the engine's context)."""
+
+    max_turns: int = 8
+    budget: int | None = None
 
 
 def generate_rollouts(
@@ -29,14 +42,23 @@ def generate_rollouts(
     sampling: SamplingSettings,
     first_group_id: int,
     prompt_ids: list[list[int]] | None = None,
+    turns: TurnLimits | None = None,
 ) -> list[list[Rollout]]:
     """Sample `rollouts_per_example` completions per prompt and score them (and their steps, where the
     environment reports step rewards); one list per group. `prompt_ids`: the prompts' token ids when the
-    caller has them already (the length check tokenised them), else they are tokenised here."""
+    caller has them already (the length check tokenised them), else they are tokenised here. Prompts of
+    multi-turn tasks (tools, or a `respond` method) run as conversations within `turns`' limits."""
     if not prompts:  # every prompt of the block was too long (grpokit.orchestrator.prompt_length)
         return []
     if prompt_ids is None:
         prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
+    if any(is_multi_turn(ex.task) for _, ex in prompts):
+        turns = turns or TurnLimits()
+        budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
+        conversations = generate_conversations(
+            engine, tokenizer, prompts, prompt_ids, rollouts_per_example, sampling, budget, turns.max_turns
+        )
+        return conversation_rollouts(conversations, first_group_id, tokenizer)
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):

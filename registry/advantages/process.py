@@ -32,6 +32,8 @@ from grpokit.types import Rollout
 class Process(Advantage):
     """Step rewards normalised over the group; a token's advantage sums its own and later steps'."""
 
+    uses_outcome_reward = False  # token_advantages reads step rewards only (data.kl_in_reward refuses it)
+
     def __init__(self, eps: float = 1e-6) -> None:
         """
         Args:

@@ -33,6 +33,14 @@ CASES = [
         ["--model.lora.target_modules", "[q_proj, v_prj]"],
         r"model.lora.target_modules \['v_prj'\]: the model has no module of that name; its layers are \[.*'v_proj'",
     ),
+    (
+        ["--data.kl_in_reward.coef", "-1"],
+        r"data.kl_in_reward.coef must be a finite number >= 0, got -1.0; set e.g. 0.001, or data.kl_in_reward: null",
+    ),
+    (
+        ["--data.advantage", "Process", "--data.kl_in_reward.coef", "0.1"],
+        r"data.kl_in_reward shapes each rollout's reward, which data.advantage Process does not read",
+    ),
 ]
 
 

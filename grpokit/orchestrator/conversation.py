@@ -1,0 +1,154 @@
+"""One multi-turn rollout as it grows, and what an environment answers between two assistant turns.
+
+A task (a verifiers Task of a grpokit environment) takes part in the conversation through optional
+members, found by name like `step_rewards` (grpokit.orchestrator.environment):
+
+    tools: list of Python functions the model may call (Hermes `<tool_call>` syntax,
+        grpokit.orchestrator.tools). Without `respond`, a reply with tool calls is answered with their
+        results, and a reply without one ends the rollout.
+    respond(messages, state) -> EnvTurn | list[dict] | None: the environment's turn after each reply
+        (a simulated user, a game's next observation). `messages` is the chat so far, ending with the
+        model's reply; `state` a dict the task may keep anything in for this rollout. None (or an
+        EnvTurn with done=True) ends the rollout. A task with both `tools` and `respond` gets the tool
+        results for a reply with calls, and `respond` for a reply without.
+    max_turns: the most assistant turns of a rollout (else data.max_turns).
+    tool_timeout: seconds a tool may run (else 10).
+
+Every assistant turn's tokens are the engine's; every environment token is rendered from the
+environment's messages alone (grpokit.orchestrator.chat_tokens) and has mask 0, logprob 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpokit.inference import Completion
+from grpokit.orchestrator.tools import ToolResult, parse_tool_calls, run_tool_calls
+
+DEFAULT_TOOL_TIMEOUT = 10.0
+
+
+@dataclass
+class EnvTurn:
+    """The environment's answer to a reply: messages for the model, whether the rollout ends, and this
+    turn's reward (per-turn rewards reach the `process` advantage as step rewards)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None
+
+
+@dataclass
+class Conversation:
+    """A rollout of several turns: the prompt, then the completion region (assistant and environment
+    tokens, masked 1 and 0), the chat as messages (for the environment and the score) and its counters."""
+
+    env: Any
+    example: Any
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    policy_steps: list[int] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)  # index in `ids` of each assistant turn's last token
+    turn_rewards: list[float | None] = field(default_factory=list)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    env_time: float = 0.0
+    done: bool = False
+    is_truncated: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.ids)
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_ends)
+
+    def add_completion(self, completion: Completion, text: str) -> None:
+        """Append an assistant turn: the engine's tokens and logprobs, trained on."""
+        self.ids += completion.token_ids
+        self.mask += [1] * len(completion.token_ids)
+        self.logprobs += completion.logprobs
+        self.policy_steps.append(completion.policy_step)
+        self.turn_ends.append(len(self.ids) - 1)
+        self.messages.append({"role": "assistant", "content": text})
+
+    def add_environment(self, token_ids: list[int], messages: list[dict[str, Any]]) -> None:
+        """Append the environment's turn: its tokens (no loss, no logprobs) and messages."""
+        self.ids += token_ids
+        self.mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+        self.messages += messages
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "turns": float(self.turns),
+            "tool_calls": float(self.tool_calls),
+            "tool_errors": float(self.tool_errors),
+            "tool_timeouts": float(self.tool_timeouts),
+            "env_time": self.env_time,
+        }
+
+
+def is_multi_turn(task: Any) -> bool:
+    """Whether a task takes part in a conversation (has tools or a respond method)."""
+    return bool(getattr(task, "tools", None)) or callable(getattr(task, "respond", None))
+
+
+def environment_turn(conv: Conversation) -> EnvTurn:
+    """The environment's answer to the conversation's last reply (timed into conv.env_time): tool
+    results when the reply calls tools, else the task's `respond`, else the end of the rollout."""
+    task, start = conv.example.task, time.perf_counter()
+    try:
+        tools = {fn.__name__: fn for fn in getattr(task, "tools", None) or []}
+        calls = parse_tool_calls(conv.messages[-1]["content"]) if tools else []
+        if calls:
+            results = run_tool_calls(tools, calls, float(getattr(task, "tool_timeout", DEFAULT_TOOL_TIMEOUT)))
+            _count(conv, results)
+            return EnvTurn(messages=[{"role": "tool", "content": r.content} for r in results])
+        respond = getattr(task, "respond", None)
+        if respond is None:
+            return EnvTurn(done=True)
+        return as_env_turn(respond(conv.messages, conv.state), conv)
+    finally:
+        conv.env_time += time.perf_counter() - start
+
+
+def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
+    """A task's `respond` result as an EnvTurn: None is the end, a list is messages."""
+    if answer is None:
+        return EnvTurn(done=True)
+    if isinstance(answer, EnvTurn):
+        turn = answer
+    elif isinstance(answer, list):
+        turn = EnvTurn(messages=answer)
+    else:
+        raise TypeError(
+            f"environment {conv.env.name!r} example {conv.example.index}: respond() returned "
+            f"{type(answer).__name__}; return an EnvTurn, a list of messages, or None to end the rollout"
+        )
+    for m in turn.messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise TypeError(
+                f"environment {conv.env.name!r} example {conv.example.index}: respond() returned the message "
+                f"{m!r:.200}; a message is a dict with str 'role' and 'content'"
+            )
+    if not turn.done and not turn.messages:
+        raise ValueError(
+            f"environment {conv.env.name!r} example {conv.example.index}: respond() returned no messages and "
+            "done=False; return None (or done=True) to end the rollout"
+        )
+    return turn
+
+
+def _count(conv: Conversation, results: list[ToolResult]) -> None:
+    conv.tool_calls += len(results)
+    conv.tool_errors += sum(r.status == "error" for r in results)
+    conv.tool_timeouts += sum(r.status == "timeout" for r in results)

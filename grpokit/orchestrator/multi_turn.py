@@ -1,0 +1,128 @@
+"""Multi-turn rollouts: the engine writes an assistant turn, the environment answers (tool results, a
+user's or a game's reply), until the environment ends the rollout, `max_turns`, or the sequence budget.
+
+Every turn of every unfinished rollout of a step goes to the engine in one `generate` call (the first
+turn asks n = G completions per prompt, later turns one per conversation, each conversation's own token
+ids as its prompt), so the engine batches across rollouts as in single-turn sampling, and any engine
+(builtin, `grpokit infer` through RemoteEngine, vLLM) serves multi-turn rollouts unchanged.
+
+The budget: a turn starts only if the conversation plus `max_tokens` fits `seq_len` (and the engine's
+context); otherwise the rollout ends at the turn boundary before it, marked truncated, so the trained
+sequence holds whole turns. A turn that hits max_tokens without a stop ends the rollout, truncated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+
+from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.chat_tokens import ChatTokens
+from grpokit.orchestrator.conversation import Conversation, environment_turn
+from grpokit.orchestrator.environment import Environment, Example
+from grpokit.types import Rollout
+
+log = logging.getLogger(__name__)
+NONFINITE_LOGPROBS = "nonfinite_logprobs"  # the metric single-turn rollouts use too (grpokit.orchestrator.rollouts)
+SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
+
+
+def generate_conversations(
+    engine: InferenceEngine,
+    tokenizer,
+    prompts: list[tuple[Environment, Example]],
+    prompt_ids: list[list[int]],
+    rollouts_per_example: int,
+    sampling: SamplingSettings,
+    budget: int,
+    max_turns: int,
+) -> list[list[Conversation]]:
+    """Run G conversations per prompt to their end; one list per prompt, in prompt order."""
+    chat = ChatTokens(tokenizer)
+    groups = [
+        [Conversation(env, ex, list(ids), [dict(m) for m in ex.messages]) for _ in range(rollouts_per_example)]
+        for (env, ex), ids in zip(prompts, prompt_ids)
+    ]
+    completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
+    active = [c for g in groups for c in g]
+    replies = [c for comps in completions for c in comps]
+    turn = 0
+    while active:
+        for conv, completion in zip(active, replies):
+            _take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
+        active = [c for c in active if not c.done]
+        if not active:
+            break
+        turn += 1
+        seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + turn
+        out = engine.generate([c.prompt_ids + c.ids for c in active], 1, replace(sampling, seed=seed))
+        replies = [comps[0] for comps in out]
+    return groups
+
+
+def _take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
+    """Record the model's reply, then the environment's answer, or end the conversation."""
+    conv.add_completion(completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+    if completion.is_truncated:
+        conv.done = conv.is_truncated = True
+        return
+    answer = environment_turn(conv)
+    conv.turn_rewards.append(answer.reward)
+    limit = int(getattr(conv.example.task, "max_turns", None) or max_turns)
+    if answer.done or conv.turns >= limit:
+        conv.done = True
+        return
+    env_ids = chat.after_completion(completion.token_ids, answer.messages)
+    if conv.num_tokens + len(env_ids) + max_tokens > budget:  # the next turn might not fit: end at this boundary
+        conv.done = conv.is_truncated = True
+        return
+    conv.add_environment(env_ids, answer.messages)
+
+
+def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int, tokenizer) -> list[list[Rollout]]:
+    """Score the finished conversations with their tasks and turn them into Rollouts (one group per prompt).
+    Per-turn rewards, when every turn of a rollout has one, become its step rewards at each turn's last token."""
+    out = []
+    for g, group in enumerate(groups):
+        env, ex = group[0].env, group[0].example
+        scores = env.score_conversations([c.example for c in group], [c.messages for c in group])
+        rollouts = []
+        for conv, (reward, metrics) in zip(group, scores):
+            _mask_nonfinite(conv, metrics)
+            per_turn = conv.turn_rewards if conv.turn_rewards and None not in conv.turn_rewards else None
+            rollouts.append(
+                Rollout(
+                    example_id=ex.index,
+                    env_id=env.name,
+                    group_id=first_group_id + g,
+                    prompt_ids=conv.prompt_ids,
+                    completion_ids=conv.ids,
+                    completion_logprobs=conv.logprobs,
+                    completion_mask=conv.mask,
+                    reward=reward,
+                    is_truncated=conv.is_truncated,
+                    policy_step=min(conv.policy_steps),
+                    completion_text=tokenizer.decode(conv.ids, skip_special_tokens=False),
+                    metrics={**metrics, **conv.metrics()},
+                    step_rewards=per_turn,
+                    step_ends=conv.turn_ends[: len(per_turn)] if per_turn else None,
+                    messages=conv.messages,
+                )
+            )
+        out.append(rollouts)
+    return out
+
+
+def _mask_nonfinite(conv: Conversation, metrics: dict[str, float]) -> None:
+    """A conversation with a non-finite engine logprob keeps its reward (its group's baseline is
+    unchanged) but none of its tokens is trained on, as in single-turn rollouts (counted in metrics)."""
+    if all(map(math.isfinite, conv.logprobs)):
+        return
+    log.warning(
+        "environment %r example %d: non-finite engine logprobs; the conversation is masked out of the loss",
+        conv.env.name,
+        conv.example.index,
+    )
+    conv.logprobs, conv.mask = [0.0] * len(conv.ids), [0] * len(conv.ids)
+    metrics[NONFINITE_LOGPROBS] = 1.0

@@ -1,0 +1,105 @@
+"""Tool calls: parsed from the model's text, run as Python functions with a timeout, answered as a
+message the model reads. Nothing a model writes or a tool does ends the run: a malformed call, an unknown
+tool, bad arguments, a tool that raises or runs past its timeout each become an error message in the
+conversation, and are counted (`tool_errors`, `tool_timeouts`).
+
+The call syntax is Hermes' (what Qwen 2.5/3 chat templates and most open tool-calling models use):
+
+    <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>
+
+Tool schemas for templates that list tools in the prompt come from the function's signature and
+docstring through transformers' `get_json_schema` (Google-style "Args:" docstrings).
+
+Timeouts run the tool in a worker thread and stop waiting after `timeout` seconds; Python cannot kill a
+thread, so a tool that never returns keeps a worker busy (the pool has `max_workers` of them). Tools
+that may hang for good should bound themselves (a subprocess with its own timeout).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpokit-tool")
+MAX_RESULT_CHARS = 2000  # a tool's answer is cut here so one call cannot fill the sequence budget
+
+
+@dataclass
+class ToolCall:
+    """One call the model wrote: the tool's name and its arguments (or why it could not be read)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # set when the call's text is not a valid call
+
+
+@dataclass
+class ToolResult:
+    """What a call returned, as the text the model reads, and how it went: ok, error or timeout."""
+
+    call: ToolCall
+    content: str
+    status: str  # "ok" | "error" | "timeout"
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """The Hermes tool calls in a reply, in order; a block that is not a JSON object with a string
+    `name` and an object `arguments` is a ToolCall with `error` set (the model is told why)."""
+    calls = []
+    for body in TOOL_CALL_RE.findall(text):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall(name="", error=f"the tool call is not valid JSON ({e.msg} at {e.pos})"))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall(name="", error='a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
+            continue
+        arguments = data.get("arguments", {})
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object"))
+            continue
+        calls.append(ToolCall(name=data["name"], arguments=arguments))
+    return calls
+
+
+def run_tool_calls(tools: dict[str, Callable[..., Any]], calls: list[ToolCall], timeout: float) -> list[ToolResult]:
+    """Run each call (concurrently, each with `timeout` seconds) and return its result message text."""
+    futures = [_POOL.submit(tools[c.name], **c.arguments) if _callable(tools, c) else None for c in calls]
+    return [_result(tools, call, future, timeout) for call, future in zip(calls, futures)]
+
+
+def _callable(tools: dict[str, Callable[..., Any]], call: ToolCall) -> bool:
+    return call.error is None and call.name in tools
+
+
+def _result(tools, call: ToolCall, future, timeout: float) -> ToolResult:
+    if call.error is not None:
+        return ToolResult(call, f"Error: {call.error}", "error")
+    if future is None:
+        return ToolResult(call, f"Error: unknown tool {call.name!r}; the tools are {sorted(tools)}", "error")
+    try:
+        value = future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        return ToolResult(call, f"Error: the tool {call.name!r} took longer than {timeout:g} s", "timeout")
+    except Exception as e:  # the model sees the tool's error and may try again; the run goes on
+        return ToolResult(call, f"Error: {type(e).__name__}: {e}"[:MAX_RESULT_CHARS], "error")
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return ToolResult(call, text[:MAX_RESULT_CHARS], "ok")
+
+
+def tool_schemas(tools: dict[str, Callable[..., Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style JSON schemas of the tools, for chat templates that list tools in the prompt."""
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(fn) for fn in tools.values()]
