@@ -80,6 +80,7 @@ UNIT_PATHS = (
     "orchestrator/test_pools.py",
     "orchestrator/test_prompts.py",
     "inference/test_logits_processors.py",
+    "inference/test_stream_text.py",
     "broadcast/test_cuda_ipc_codec.py",
     "broadcast/test_filesystem.py",
     "broadcast/test_filesystem_leftovers.py",

@@ -45,6 +45,23 @@ NORMS_FILE = "noisy_norms.safetensors"
 _READERS = itertools.count()
 
 
+class DamagedStepError(ValueError):
+    """A published step (STABLE written) with a file that cannot be read: cut short or corrupt."""
+
+
+def _load(path: Path) -> dict:
+    """The tensors of a safetensors file; an unreadable one is a DamagedStepError that names it
+    (safetensors' own error does not)."""
+    try:
+        return load_file(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # safetensors raises SafetensorError for a truncated header or data
+        raise DamagedStepError(
+            f"{path} cannot be read ({type(e).__name__}: {e}): the file is cut short or corrupt"
+        ) from e
+
+
 class FilesystemBroadcast(WeightBroadcast):
     """Weights as folders `broadcasts/step_N/`, complete once `STABLE` exists."""
 
@@ -123,14 +140,19 @@ class FilesystemBroadcast(WeightBroadcast):
         return None
 
     def read(self, step: int) -> WeightUpdate:
+        """The update of a published step; a file of it that cannot be read (cut short, corrupt) is a
+        DamagedStepError naming the file (FileNotFoundError if it is gone)."""
         d = self.step_dir(step)
-        norms = load_file(d / NORMS_FILE) if (d / NORMS_FILE).exists() else {}
+        norms = _load(d / NORMS_FILE) if (d / NORMS_FILE).exists() else {}
         if (d / ADAPTER_FILE).exists():
-            config = json.loads((d / ADAPTER_CONFIG).read_text())
+            try:
+                config = json.loads((d / ADAPTER_CONFIG).read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise DamagedStepError(f"{d / ADAPTER_CONFIG} is not a JSON adapter config: {e}") from e
             return WeightUpdate(
-                step=step, tensors=load_file(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms
+                step=step, tensors=_load(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms
             )
-        return WeightUpdate(step=step, tensors=load_file(d / FULL_FILE), path=str(d), norm_tensors=norms)
+        return WeightUpdate(step=step, tensors=_load(d / FULL_FILE), path=str(d), norm_tensors=norms)
 
     # ---- retention -------------------------------------------------------------------------------
     @property

@@ -6,7 +6,9 @@ interface, so swapping engines is one recipe line.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grpokit.types import WeightUpdate
@@ -66,12 +68,52 @@ class SamplingSettings:
 
 @dataclass
 class Completion:
-    """One sampled completion: token ids, their logprobs, and whether it was cut at max_tokens."""
+    """One sampled completion: token ids, their logprobs, and whether it was cut at max_tokens.
+
+    `top_logprobs`: per token, the k most likely (token id, logprob) pairs of the distribution its logprob
+    is of, most likely first; None unless a server's request asked for them (ServingOptions.top_logprobs).
+    """
 
     token_ids: list[int]
     logprobs: list[float]
     is_truncated: bool
     policy_step: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class NewTokens:
+    """Tokens one completion gained in a decode step (or a few), handed to ServingOptions.on_tokens.
+
+    `index` is the completion's place in generate's flat order: prompt i's j-th completion is i * n + j.
+    """
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class ServingOptions:
+    """What one server request adds to `generate`, for engines with `takes_serving_options`.
+
+    Args:
+        top_logprobs: also report, per token, the k most likely tokens of the very distribution the token's
+            logprob is of (temperature-scaled, before top-p; Completion.top_logprobs). 0 = none, and no
+            cost. Only engines with `reports_top_logprobs`.
+        on_tokens: called from the decode loop, on the engine's thread, with the tokens each step added
+            (a streaming answer); the engine's own work waits while it runs, so it should be quick.
+        cancelled: set (from any thread) when the request's client has gone: the engine stops the
+            request between decode steps, and what generate returns then is incomplete.
+    """
+
+    top_logprobs: int = 0
+    on_tokens: Callable[[list[NewTokens]], None] | None = None
+    cancelled: threading.Event | None = None
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled is not None and self.cancelled.is_set()
 
 
 class InferenceEngine(ABC):
@@ -85,11 +127,18 @@ class InferenceEngine(ABC):
     `servers_load_weights`: the engine is a client of servers (listed in `base_urls`) that load each
     update from the broadcast themselves (RemoteEngine in front of `grpokit infer`): `load_weights` only
     records the step, and `served_weight_step()` asks the servers which step they hold.
+
+    `takes_serving_options`: `generate` also takes `options=ServingOptions(...)` (a server's request:
+    tokens as they are decoded, cancellation); `reports_top_logprobs`: it honours options.top_logprobs.
+    grpokit's server adapts engines without them (grpokit.inference.server.http: the tokens all at the
+    end, no cancellation, top logprobs refused with a 400).
     """
 
     weight_step: int = -1
     applies_norm_weights: bool = False
     servers_load_weights: bool = False
+    takes_serving_options: bool = False
+    reports_top_logprobs: bool = False
 
     @abstractmethod
     def setup(self, model: str) -> None:

@@ -20,11 +20,11 @@ import torch
 from grpokit.common.checksums import tensors_sha256
 from grpokit.common.models import load_causal_lm, load_tokenizer, parse_dtype, unwrap_peft
 from grpokit.common.noisy_norms import apply_norm_weights, norm_weights
-from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference import Completion, InferenceEngine, NewTokens, SamplingSettings, ServingOptions
 from grpokit.inference.fast.continuous import generate_continuous
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
 from grpokit.inference.merged_lora import MergedLoRA, mergeable
-from grpokit.inference.sampler import sample
+from grpokit.inference.sampler import sample_rows
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class BuiltinEngine(InferenceEngine):
     """In-process torch engine: batched sampling with a KV cache and per-token logprobs."""
 
     applies_norm_weights = True  # QeRL's noisy norms are copied into the base model in place
+    takes_serving_options = True  # streaming and cancellation on both paths; top logprobs on the plain one
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class BuiltinEngine(InferenceEngine):
         self.max_batch_size = max_batch_size
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.fast = fast == "on" or (fast == "auto" and str(self.device).startswith("cuda"))
+        self.reports_top_logprobs = not self.fast  # the fast path's device-side bookkeeping keeps no top-k
         self.max_model_len = max_model_len
         self.cuda_graphs, self.compile, self.share_weights = cuda_graphs, compile, share_weights
         if merge_lora == "on" and self.fast:
@@ -161,35 +163,64 @@ class BuiltinEngine(InferenceEngine):
     def context_length(self) -> int | None:
         return self.max_model_len
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingSettings, options: ServingOptions | None = None
+    ) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
         # seed null: settings not from a recipe (tests, bench)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed or 0)
         flat = [ids for ids in prompts for _ in range(n)]
         if self.fast:
-            with self._own_stream():
-                results = generate_continuous(
-                    self._runner(flat, sampling), flat, sampling, self.stop_token_ids, generator, self.tokenizer.decode
-                )
+            completions = self._generate_fast(flat, sampling, generator, options)
         else:
-            results = []
+            completions = []
             for start in range(0, len(flat), self.max_batch_size):
-                chunk = flat[start : start + self.max_batch_size]
+                if options is not None and options.is_cancelled():
+                    break
                 with self.merged.active() if self.merged is not None else contextlib.nullcontext():
-                    results += sample(
+                    rows = sample_rows(
                         self.model,
-                        chunk,
+                        flat[start : start + self.max_batch_size],
                         sampling,
                         self.stop_token_ids,
                         self.tokenizer.pad_token_id,
                         generator,
                         self.tokenizer.decode,
+                        options,
+                        start,
                     )
-        completions = [
-            Completion(tokens, logprobs, truncated, self.weight_step) for tokens, logprobs, truncated in results
-        ]
+                completions += [
+                    Completion(r.token_ids, r.logprobs, not r.done, self.weight_step, r.top_logprobs) for r in rows
+                ]
+            completions += [Completion([], [], True, self.weight_step) for _ in flat[len(completions) :]]  # cancelled
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_fast(
+        self, flat: list[list[int]], sampling: SamplingSettings, generator, options: ServingOptions | None
+    ) -> list[Completion]:
+        """The fast path: no top logprobs (refused); a streamed request gets each completion whole when it
+        ends, and a cancelled one stops at the next look at the slots (every few decode steps)."""
+        if options is not None and options.top_logprobs:
+            raise ValueError(
+                "BuiltinEngine's fast path (inference.init_args.fast, on by default on CUDA) reports no top "
+                "logprobs; set fast: off to have them"
+            )
+        on_done = None
+        if options is not None and options.on_tokens is not None:
+            on_done = lambda i, tokens, logprobs: options.on_tokens([NewTokens(i, tokens, logprobs)])  # noqa: E731
+        with self._own_stream():
+            results = generate_continuous(
+                self._runner(flat, sampling),
+                flat,
+                sampling,
+                self.stop_token_ids,
+                generator,
+                self.tokenizer.decode,
+                cancelled=options.is_cancelled if options is not None else None,
+                on_done=on_done,
+            )
+        return [Completion(*(r or ([], [], True)), self.weight_step) for r in results]
 
     @contextlib.contextmanager
     def _own_stream(self):

@@ -2,6 +2,7 @@
 never deletes a step a reader has not acknowledged."""
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit.broadcast.filesystem import ADAPTER_FILE, STABLE, FilesystemBroadcast
+from grpokit.broadcast.filesystem import ADAPTER_CONFIG, ADAPTER_FILE, STABLE, DamagedStepError, FilesystemBroadcast
 from grpokit.types import WeightUpdate
 
 
@@ -170,3 +171,22 @@ def test_discard_after_unlists_and_deletes_newer_steps(tmp_path):
     assert b.stable_steps() == [0, 1, 2] and not (tmp_path / "broadcasts" / "step_3").exists()
     b.publish(update(3, size=8))
     assert b.poll(2).step == 3
+
+
+def test_a_damaged_step_names_the_file(tmp_path):
+    """A step whose adapter was cut short, or whose config is not JSON, is refused naming the file
+    (safetensors' own error names none); the previous steps stay readable."""
+    b = FilesystemBroadcast()
+    b.setup(tmp_path)
+    b.publish(update(0, size=8))
+    b.publish(update(1, size=8))
+    adapter = b.step_dir(1) / ADAPTER_FILE
+    adapter.write_bytes(adapter.read_bytes()[:100])
+    with pytest.raises(DamagedStepError, match=f"{re.escape(str(adapter))} cannot be read .*cut short or corrupt"):
+        b.poll(0)
+    assert b.read(0).step == 0
+    b.publish(update(2, size=8))
+    config = b.step_dir(2) / ADAPTER_CONFIG
+    config.write_text('{"r": 8,')
+    with pytest.raises(DamagedStepError, match=f"{re.escape(str(config))} is not a JSON adapter config"):
+        b.poll(1)

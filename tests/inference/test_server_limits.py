@@ -154,6 +154,15 @@ ABUSE = [
         "chat_template_kwargs",
         "chat_template_kwargs.tokenize is set by the server",
     ),
+    ("/completions", {"prompt": "x", "stop": ["a"] * 100_000}, "stop", "100000 stop strings, over the limit of 16"),
+    ("/chat/completions", {"messages": MESSAGES, "stop": "x" * 300}, "stop", "300 characters, over the limit of 256"),
+    ("/completions", {"prompt": "x", "logprobs": 10**6}, "logprobs", "(server.limits.max_top_logprobs)"),
+    (
+        "/chat/completions",
+        {"messages": MESSAGES, "logprobs": True, "top_logprobs": 10**6},
+        "top_logprobs",
+        "in [0, 20] (server.limits.max_top_logprobs)",
+    ),
 ]
 
 
@@ -307,17 +316,28 @@ def test_a_trusted_request_template_renders_and_an_empty_render_is_a_400(tiny_mo
         assert "rendered the messages to no tokens" in payload["error"]["message"]
 
 
-def test_weights_that_fail_to_load_are_a_500_naming_the_broadcast(tiny_model, tmp_path):
-    """A truncated file in a published step: every request fails until the trainer publishes again, and
-    says why (the file's path is the broadcast's to name: FilesystemBroadcast does not yet)."""
+def test_a_truncated_step_is_logged_with_its_path_and_the_server_serves_on(tiny_model, tmp_path, caplog):
+    """A truncated file in a published step: answers come from the weights the engine holds (their
+    weight_step says which), the log names the file once, GET /v1/weights answers the error naming it,
+    and the next good step is loaded."""
     trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
     trainer.setup(tmp_path)
     reader.setup(tmp_path)
+    body = {"prompt": PROMPT_IDS, "max_tokens": 2}
     with serving(tiny_model, reader) as (engine, server):
-        trainer.publish(WeightUpdate(step=1, tensors={k: v.clone() for k, v in engine.model.state_dict().items()}))
+        state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        trainer.publish(WeightUpdate(step=1, tensors=state))
         (weights,) = tmp_path.rglob("step_1/*.safetensors")
         weights.write_bytes(weights.read_bytes()[:100])
-        status, payload, _ = post(server, "/completions", {"prompt": PROMPT_IDS, "max_tokens": 2})
-    message = payload["error"]["message"]
-    assert status == 500 and "loading the newest weights from FilesystemBroadcast (the engine holds step -1)" in message
-    assert "SafetensorError" in message
+        with caplog.at_level("ERROR", logger="grpokit.inference.server.generation"):
+            answers = [post(server, "/completions", body) for _ in range(2)]
+        assert [(status, payload["weight_step"]) for status, payload, _ in answers] == [(200, -1), (200, -1)]
+        (record,) = [r for r in caplog.records if "cut short or corrupt" in r.getMessage()]
+        assert str(weights) in record.getMessage() and "serving on with the weights of step -1" in record.getMessage()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server.url + "/weights", timeout=30)
+        message = json.loads(e.value.read())["error"]["message"]
+        assert e.value.code == 500 and str(weights) in message and "(the engine holds step -1)" in message
+        trainer.publish(WeightUpdate(step=2, tensors=state))
+        status, payload, _ = post(server, "/completions", body)
+        assert status == 200 and payload["weight_step"] == 2 and engine.weight_step == 2

@@ -22,6 +22,7 @@ sampler (grpokit.inference.fast.sampling), all batched on the device.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -61,12 +62,16 @@ def generate_continuous(  # noqa: C901 - one CUDA-only decode loop (slots, graph
     refill_min: int | None = None,
     max_prefill_tokens: int = 32768,
     sync_every: int = 8,
-) -> list[tuple[list[int], list[float], bool]]:
+    cancelled: Callable[[], bool] | None = None,
+    on_done: Callable[[int, list[int], list[float]], None] | None = None,
+) -> list[tuple[list[int], list[float], bool] | None]:
     """Sample one completion per prompt: (token ids, logprobs, is_truncated), in prompt order.
 
     A completion ends at its first stop token (kept), when `decode` of its tokens gains a stop string
     (kept; checked at each look, from min_tokens on), at sampling.max_tokens, or when its slot's cache
-    is full (both count as truncated).
+    is full (both count as truncated). `on_done(i, tokens, logprobs)` is told of completion i as it
+    ends (a streaming server); `cancelled()` true at a look stops the loop, leaving None for every
+    completion not finished by then.
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     num_slots, dev = runner.num_slots, runner.device
@@ -145,9 +150,13 @@ def generate_continuous(  # noqa: C901 - one CUDA-only decode loop (slots, graph
         for i, (s, r, n, truncated) in enumerate(done):
             results[r] = (tokens_out[i][:n], logprobs_out[i][:n], truncated)
             slot_request[s] = -1
+            if on_done is not None:
+                on_done(r, *results[r][:2])
 
     while queue or any(r >= 0 for r in slot_request):
         look()
+        if cancelled is not None and cancelled():
+            break
         free = [s for s in range(num_slots) if slot_request[s] < 0]
         if queue and free and (len(free) == num_slots or len(free) >= min(refill_min, len(queue))):
             take, budget = [], max_prefill_tokens

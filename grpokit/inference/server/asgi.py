@@ -8,7 +8,9 @@ What it adds to a plain uvicorn, each bounded by a `server.limits` key (ServerLi
 - the body size from Content-Length before reading (`max_body_bytes`, 413), and while reading a
   chunked body; a malformed or negative Content-Length is h11's 400;
 - open connections (`max_connections`, uvicorn's 503) and the listen backlog (`backlog`);
-- a client that hangs up while its request waits for the engine: the request leaves the queue;
+- a client that hangs up: its request leaves the queue, or the engine stops it between two decode
+  steps (EngineCall.cancelled), streamed or not;
+- `stream: true`: the events the engine thread emits, written as they come (StreamingResponse);
 - SIGTERM or SIGINT (uvicorn's handlers, in the main thread): the listener closes, queued requests are
   answered 503 with Retry-After, the running one gets `shutdown_timeout` seconds, then the process goes
   on (the engine thread is a daemon).
@@ -24,6 +26,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -36,8 +39,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import RequestError
-from grpokit.inference.server.stream import server_sent_events
-from grpokit.inference.server.worker import EngineWorker, OnEngine
+from grpokit.inference.server.stream import DONE, sse
+from grpokit.inference.server.worker import EngineCall, EngineWorker, OnEngine
 
 if TYPE_CHECKING:
     from grpokit.inference.server.http import OpenAIApp
@@ -138,25 +141,123 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark an answer's exception retrieved, even if nobody waits for it any more."""
+    if not future.cancelled():
+        future.exception()
+
+
+def abandon(worker: EngineWorker, future: Future, call: EngineCall, why: str) -> None:
+    """Nobody waits for this request any more: take it out of the queue, or have the engine stop it."""
+    if worker.withdraw(future):
+        log.info("%s before the engine started its request", why)
+    elif not future.done():
+        call.cancelled.set()
+        log.info("%s while the engine ran its request: cancelled", why)
+
+
 async def on_engine(worker: EngineWorker, request: Request, work) -> Any:
     """Queue `work` for the engine thread and wait for its answer; a client that hangs up meanwhile takes
-    its request out of the queue (one the engine has started runs to its end) and raises ClientGone."""
-    future: Future = worker.submit(work)
+    its request out of the queue, or cancels it on the engine, and raises ClientGone."""
+    call = EngineCall()
+    future: Future = worker.submit(partial(work, call), call.cancelled)
     answer = asyncio.wrap_future(future)
-    answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if nobody waits
+    answer.add_done_callback(_retrieve)
     gone = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # the server stops waiting (shutdown timeout)
-        worker.withdraw(future)
+        abandon(worker, future, call, "the server stopped waiting")
         raise
     finally:
         gone.cancel()
     if answer.done():
         return answer.result()
-    withdrawn = worker.withdraw(future)
-    log.info("client left %s", "before the engine started its request" if withdrawn else "while the engine ran it")
+    abandon(worker, future, call, "client left")
     raise ClientGone
+
+
+async def streamed(worker: EngineWorker, request: Request, work) -> Response:
+    """Queue streaming `work` and answer with the events it emits, as they come. Until the first event
+    (the checks on the engine thread have passed) a refusal is still a JSON error; after it, an error
+    is an `error` event. A client that hangs up, before or during the stream, cancels the request."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    call = EngineCall(emit=lambda data: loop.call_soon_threadsafe(events.put_nowait, data))
+    future: Future = worker.submit(partial(work, call), call.cancelled)
+    answer = asyncio.wrap_future(future)
+    answer.add_done_callback(_retrieve)
+    first, gone = asyncio.ensure_future(events.get()), asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({answer, first, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        first.cancel()
+        abandon(worker, future, call, "the server stopped waiting")
+        raise
+    finally:
+        gone.cancel()
+    if first.done():
+        head = first.result()
+    else:
+        first.cancel()  # an event it may have been woken for stays in the queue
+        if not answer.done():
+            abandon(worker, future, call, "client left")
+            raise ClientGone
+        answer.result()  # a refusal: answered as JSON
+        head = b""
+
+    def closed() -> None:
+        if not answer.done():
+            abandon(worker, future, call, "client left during its stream")
+
+    return EngineStream(engine_events(head, events, answer, request), closed)
+
+
+async def engine_events(head: bytes, events: asyncio.Queue, answer: asyncio.Future, request: Request):
+    """`head`, then the engine's events as they come, then what is left once its work is done, an error
+    event if it failed, and `[DONE]`; consecutive events that wait are written together."""
+    pending = None
+    try:
+        if head:
+            yield head
+        while True:
+            pending = asyncio.ensure_future(events.get())
+            await asyncio.wait({pending, answer}, return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():
+                pending.cancel()  # the event it may have been woken for stays in the queue
+                break
+            data = pending.result()
+            while not events.empty():
+                data += events.get_nowait()
+            yield data
+        rest = b"".join(events.get_nowait() for _ in range(events.qsize()))
+        if answer.exception() is not None:
+            rest += sse(error_body(answer.exception(), request))
+        yield rest + DONE
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+class EngineStream(StreamingResponse):
+    """Server-sent events from the engine thread; `closed()` runs once the response ends, however it
+    ends (a client that hung up: Starlette cancels the stream)."""
+
+    def __init__(self, content, closed) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.closed = closed
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()
+
+
+def error_body(e: BaseException, request: Request) -> dict:
+    if isinstance(e, RequestError):
+        return e.body()
+    log.error("request to %s failed", request.url.path, exc_info=e)
+    return internal_error(e)
 
 
 def asgi_app(app: OpenAIApp) -> Starlette:
@@ -167,9 +268,9 @@ def asgi_app(app: OpenAIApp) -> Starlette:
             body = await read_body(request, app.limits) if request.method == "POST" else b""
             answer = await run_in_threadpool(app.dispatch, request.method, request.url.path, request.url.query, body)
             if isinstance(answer, OnEngine):
-                stream, answer = answer.stream, await on_engine(app.worker, request, answer.work)
-                if stream is not None:
-                    return StreamingResponse(server_sent_events(stream(answer)), media_type="text/event-stream")
+                if answer.stream:
+                    return await streamed(app.worker, request, answer.work)
+                answer = await on_engine(app.worker, request, answer.work)
                 return await run_in_threadpool(json_response, 200, answer)
             return json_response(200, answer)
         except RequestError as e:

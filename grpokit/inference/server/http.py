@@ -4,11 +4,11 @@ engine and vLLM alike.
 Endpoints: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/completions`, `POST /v1/chat/completions`,
 `GET /health`, vLLM's token-in/token-out `POST /inference/v1/generate`, and grpokit's `GET /v1/weights`.
 This module is the API's logic (`OpenAIApp`: routes, checks, answers); grpokit.inference.server.asgi is
-the HTTP layer (Starlette on uvicorn). Requests are
-parsed and checked against `server.limits` (ServerLimits) on the HTTP side, before any work; all tokenizer
-and engine work runs on one engine thread (grpokit.inference.server.worker) that owns both, from a
-bounded queue. With a `broadcast`, that thread loads any newer published weights before each request and
-before answering `/v1/weights`.
+the HTTP layer (Starlette on uvicorn), .generation the engine thread's part of a request, .answers and
+.stream the answers' shapes, plain and streamed. Requests are parsed and checked against `server.limits`
+(ServerLimits) on the HTTP side, before any work; all tokenizer and engine work runs on one engine thread
+(grpokit.inference.server.worker) that owns both, from a bounded queue. With a `broadcast`, that thread
+loads any newer published weights before each request and before answering `/v1/weights`.
 
 Where it departs from the OpenAI API:
 - vLLM extensions: `return_token_ids` adds `prompt_token_ids` (top level for chat, per choice for
@@ -20,15 +20,18 @@ Where it departs from the OpenAI API:
   (NCCLBroadcast, IPCBroadcast). `?sha256=true` adds the engine's checksum of those weights
   (InferenceEngine.weights_sha256), to compare with the trainer's.
 - `GET /health` answers `{"queued", "running_s", "alive"}` (503 once the engine thread has stopped).
-- Only the sampled token's logprob exists (the engine has no top-k): chat `top_logprobs` and
-  completions `logprobs` above 0 are refused. Logprobs are of the temperature-scaled distribution.
+- Logprobs are of the temperature-scaled distribution, and so are chat's `top_logprobs` k and
+  completions' `logprobs` k (at most server.limits.max_top_logprobs; engines with
+  `reports_top_logprobs` only: not the fast CUDA path).
 - `min_tokens` and `repetition_penalty` (vLLM extensions) are honoured, and logprobs are of the
   processed distribution (stop tokens masked, penalty applied, then temperature).
-- `stream: true` (chat and completions) sends the answer as server-sent events once it is sampled whole
-  (grpokit.inference.server.stream): the streaming format, not its latency.
+- `stream: true` (chat and completions) sends server-sent events token by token as the engine decodes
+  them (grpokit.inference.server.stream); a client that hangs up cancels its request on the engine.
 - `POST /inference/v1/generate` takes and returns token ids only, in the shape of vLLM's
   (`token_ids`, `sampling_params` -> `request_id`, `choices[].token_ids`, `.logprobs.content`), so one
   client serves vLLM and grpokit alike; errors in `sampling_params` name the field without the prefix.
+- A published step whose files cannot be read (a truncated adapter) is logged with its path and the
+  engine serves on with the weights it holds; `GET /v1/weights` answers that error (500).
 - No tools, presence/frequency penalties, logit bias, echo or best_of: a non-default value
   is a 400, never silently ignored. Other unknown fields are ignored, as vLLM does.
 - Token ids keep a stop string and the EOS token, as the engine sampled them; `text` and `content`
@@ -40,12 +43,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from itertools import accumulate
 from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference import InferenceEngine
+from grpokit.inference.server.answers import Answers, finish_reason
 from grpokit.inference.server.asgi import OpenAIServer
+from grpokit.inference.server.generation import RequestSampler, fast_path
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import (
     PromptBudget,
@@ -61,16 +65,11 @@ from grpokit.inference.server.requests import (
     parse_template_kwargs,
     parse_token_ids,
 )
-from grpokit.inference.server.stream import chat_chunks, completion_chunks
-from grpokit.inference.server.worker import EngineWorker, OnEngine
+from grpokit.inference.server.stream import ChatStream, CompletionStream
+from grpokit.inference.server.worker import EngineCall, EngineWorker, OnEngine
 
 log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
-MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
-
-
-def finish_reason(c: Completion) -> str:
-    return "length" if c.is_truncated else "stop"
 
 
 class OpenAIApp:
@@ -92,6 +91,8 @@ class OpenAIApp:
         self.vocab_size = len(tokenizer)
         self.budget = PromptBudget.of(max_model_len, self.limits.max_prompt_tokens, longest_token_chars(tokenizer))
         self.worker = EngineWorker(self.limits.max_queued_requests)
+        self.answers = Answers(tokenizer, model_name)
+        self.sampler = RequestSampler(engine, tokenizer, broadcast, self.max_model_len, self.budget, self.answers)
 
     def dispatch(self, method: str, path: str, query: str, body: bytes) -> dict | OnEngine:
         """The answer to a request (a RequestError for a refused one), or the engine work that makes it."""
@@ -155,8 +156,8 @@ class OpenAIApp:
         if checksum not in ("true", "false"):
             raise RequestError(f"sha256 must be true or false, got {checksum!r}", "sha256")
 
-        def work() -> dict:
-            self.load_newer_weights()
+        def work(_: EngineCall) -> dict:
+            self.sampler.load_newer_weights(strict=True)
             answer = {"object": "weights", "weight_step": self.engine.weight_step}
             if checksum == "true":
                 try:
@@ -169,71 +170,75 @@ class OpenAIApp:
 
     def completions(self, body: dict) -> OnEngine:
         prompts = parse_prompts(body)
-        logprobs = field(
-            body,
-            "logprobs",
-            int,
-            None,
-            lambda v: v == 0,
-            "0 or null (the engine returns only the sampled token's logprob)",
-        )
+        logprobs = self.top_logprobs_field(body, "logprobs")
         max_tokens = field(body, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, logprobs is not None, self.limits.max_n)
+        params = SamplingRequest.parse(body, max_tokens, logprobs is not None, self.limits, logprobs or 0)
         usage = parse_stream(body)
         check_rows(len(prompts), params.n, self.limits.max_rows)
         self.budget.check_prompts(prompts, self.vocab_size)
         self.check_max_tokens(max_tokens)
 
-        def work() -> dict:
+        def work(call: EngineCall) -> dict | None:
             ids = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]  # as vLLM: specials added
-            groups = self.sample(ids, params, "prompt")
+            stream = self.sampler.stream_of(CompletionStream, call, ids, params, usage)
+            groups = self.sampler.sample(ids, params, "prompt", call, stream)
+            if stream is not None:
+                return stream.finish(groups)
             choices = []
             for prompt, group in zip(ids, groups):
                 for c in group:
                     choice = {
                         "index": len(choices),
-                        "text": self.text(c, params.stop),
+                        "text": self.answers.text(c, params.stop),
                         "logprobs": None,
                         "finish_reason": finish_reason(c),
                     }
                     if params.logprobs:
-                        choice["logprobs"] = self.completion_logprobs(c)
+                        choice["logprobs"] = self.answers.completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs)
                     if params.return_token_ids:
                         choice.update(prompt_token_ids=prompt, token_ids=c.token_ids)
                     choices.append(choice)
-            return self.envelope("cmpl", "text_completion", choices, ids, groups)
+            return self.answers.envelope("cmpl", "text_completion", choices, ids, groups)
 
-        return OnEngine(work, None if usage is None else lambda answer: completion_chunks(answer, usage))
+        return OnEngine(work, stream=usage is not None)
 
     def chat_completions(self, body: dict) -> OnEngine:
         messages = parse_messages(body)
         template_kwargs = parse_template_kwargs(body, self.limits.trust_request_chat_template)
-        field(body, "top_logprobs", int, 0, lambda v: v == 0, "0 (the engine returns only the sampled token's logprob)")
+        logprobs = field(body, "logprobs", bool, False)
+        top_logprobs = self.top_logprobs_field(body, "top_logprobs") or 0
+        if top_logprobs and not logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
         max_tokens = field(body, "max_completion_tokens", int, None, lambda v: v >= 1, ">= 1")
         max_tokens = max_tokens or field(body, "max_tokens", int, None, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, field(body, "logprobs", bool, False), self.limits.max_n)
+        params = SamplingRequest.parse(body, max_tokens, logprobs, self.limits, top_logprobs)
         usage = parse_stream(body)
         self.budget.check_messages(messages)
         self.check_max_tokens(max_tokens)
 
-        def work() -> dict:
-            prompt = self.render(messages, template_kwargs)
-            group = self.sample([prompt], params, "messages")[0]
+        def work(call: EngineCall) -> dict | None:
+            prompt = self.sampler.render(messages, template_kwargs)
+            stream = self.sampler.stream_of(ChatStream, call, [prompt], params, usage)
+            group = self.sampler.sample([prompt], params, "messages", call, stream)[0]
+            if stream is not None:
+                return stream.finish([group])
             choices = []
             for i, c in enumerate(group):
-                message = {"role": "assistant", "content": self.text(c, params.stop)}
+                message = {"role": "assistant", "content": self.answers.text(c, params.stop)}
                 choice = {"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason(c)}
                 if params.logprobs:
-                    choice["logprobs"] = {"content": self.chat_logprobs(c)}
+                    choice["logprobs"] = {
+                        "content": self.answers.chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs)
+                    }
                 if params.return_token_ids:
                     choice["token_ids"] = c.token_ids
                 choices.append(choice)
-            response = self.envelope("chatcmpl", "chat.completion", choices, [prompt], [group])
+            response = self.answers.envelope("chatcmpl", "chat.completion", choices, [prompt], [group])
             if params.return_token_ids:
                 response["prompt_token_ids"] = prompt
             return response
 
-        return OnEngine(work, None if usage is None else lambda answer: chat_chunks(answer, usage))
+        return OnEngine(work, stream=usage is not None)
 
     def generate(self, body: dict) -> OnEngine:
         """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`): `{token_ids, sampling_params,
@@ -243,21 +248,25 @@ class OpenAIApp:
         if field(body, "stream", bool, False):
             raise RequestError("stream is not supported on /inference/v1/generate", "stream")
         sampling = field(body, "sampling_params", dict, {})
-        logprobs = field(sampling, "logprobs", int, None, lambda v: v == 0, "0 or null (the sampled token only)")
+        logprobs = self.top_logprobs_field(sampling, "logprobs")
         max_tokens = field(sampling, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(sampling, max_tokens, logprobs is not None, self.limits.max_n)
+        params = SamplingRequest.parse(sampling, max_tokens, logprobs is not None, self.limits, logprobs or 0)
         request_id = field(body, "request_id", str, None) or uuid.uuid4().hex
         check_rows(1, params.n, self.limits.max_rows)
         self.budget.check_prompts([prompt], self.vocab_size, "token_ids")
         self.check_max_tokens(max_tokens)
 
-        def work() -> dict:
-            group = self.sample([prompt], params, "token_ids")[0]
+        def work(call: EngineCall) -> dict:
+            group = self.sampler.sample([prompt], params, "token_ids", call)[0]
             choices = [
                 {
                     "index": i,
                     "token_ids": c.token_ids,
-                    "logprobs": {"content": self.chat_logprobs(c)} if params.logprobs else None,
+                    "logprobs": (
+                        {"content": self.answers.chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs)}
+                        if params.logprobs
+                        else None
+                    ),
                     "finish_reason": finish_reason(c),
                 }
                 for i, c in enumerate(group)
@@ -267,6 +276,19 @@ class OpenAIApp:
 
         return OnEngine(work)
 
+    def top_logprobs_field(self, body: dict, name: str) -> int | None:
+        """How many top logprobs a request asks for in `name` (null when absent), within
+        server.limits.max_top_logprobs and what the engine can report."""
+        limit = self.limits.max_top_logprobs
+        k = field(body, name, int, None, lambda v: 0 <= v <= limit, f"in [0, {limit}] (server.limits.max_top_logprobs)")
+        if k and not self.engine.reports_top_logprobs:
+            raise RequestError(
+                f"{name}={k}: this server's engine ({type(self.engine).__name__}{fast_path(self.engine)}) reports "
+                "only the sampled token's logprob; ask for 0",
+                name,
+            )
+        return k
+
     def check_max_tokens(self, max_tokens: int | None) -> None:
         """max_tokens alone against the context (a prompt has at least one token), before any work."""
         if self.max_model_len is not None and max_tokens is not None and max_tokens >= self.max_model_len:
@@ -275,106 +297,6 @@ class OpenAIApp:
                 "for the prompt",
                 "max_tokens",
             )
-
-    # --- on the engine thread ---
-
-    def render(self, messages: list[dict], template_kwargs: dict) -> list[int]:
-        try:
-            ids = list(
-                self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
-                )
-            )
-        except Exception as e:  # jinja raises for messages its template rejects (roles out of order, ...)
-            raise RequestError(
-                f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
-            ) from None
-        if not ids:
-            raise RequestError("the chat template rendered the messages to no tokens", "messages")
-        return ids
-
-    def load_newer_weights(self) -> None:
-        """Load the newest weights the broadcast has published, if newer than the engine's."""
-        if self.broadcast is None:
-            return
-        try:
-            update = self.broadcast.poll(self.engine.weight_step)
-            if update is not None:
-                log.info("loading weights of step %d (was %d)", update.step, self.engine.weight_step)
-                self.engine.load_weights(update)
-        except Exception as e:
-            raise RuntimeError(
-                f"loading the newest weights from {type(self.broadcast).__name__} (the engine holds step "
-                f"{self.engine.weight_step}) failed: {type(e).__name__}: {e}"
-            ) from e
-
-    def sample(self, prompts: list[list[int]], params: SamplingRequest, param: str) -> list[list[Completion]]:
-        """Load newer broadcast weights, check the prompts and max_tokens against the context, then sample
-        n completions per prompt. `param` names the prompt's field in errors."""
-        self.load_newer_weights()
-        for p in prompts:
-            self.budget.check_tokens(len(p), param)
-        room = None if self.max_model_len is None else self.max_model_len - max(map(len, prompts))
-        max_tokens = params.max_tokens or max(room or SamplingSettings.max_tokens, 1)  # chat: the rest of the context
-        if room is not None and max_tokens > room:
-            raise RequestError(
-                f"this model's context is {self.max_model_len} tokens: {self.max_model_len - room} "
-                f"prompt tokens leave room for {room}, not max_tokens={max_tokens}",
-                "max_tokens",
-            )
-        if params.min_tokens > max_tokens:
-            raise RequestError(f"min_tokens ({params.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
-        sampling = SamplingSettings(
-            params.temperature,
-            params.top_p,
-            max_tokens,
-            params.stop,
-            params.seed,
-            params.min_tokens,
-            params.repetition_penalty,
-        )
-        return self.engine.generate(prompts, params.n, sampling)
-
-    def text(self, c: Completion, stop: list[str]) -> str:
-        text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-        return text[: min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))]
-
-    def chat_logprobs(self, c: Completion) -> list[dict]:
-        tokens = [self.tokenizer.decode([t]) for t in c.token_ids]
-        return [
-            {"token": s, "logprob": max(lp, MIN_LOGPROB), "bytes": list(s.encode()), "top_logprobs": []}
-            for s, lp in zip(tokens, c.logprobs)
-        ]
-
-    def completion_logprobs(self, c: Completion) -> dict:
-        tokens = [self.tokenizer.decode([t]) for t in c.token_ids]
-        logprobs = [max(lp, MIN_LOGPROB) for lp in c.logprobs]
-        offsets = list(accumulate(map(len, tokens), initial=0))[:-1]
-        return {
-            "tokens": tokens,
-            "token_logprobs": logprobs,
-            "top_logprobs": [{s: lp} for s, lp in zip(tokens, logprobs)],
-            "text_offset": offsets,
-        }
-
-    def envelope(
-        self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]], groups: list[list[Completion]]
-    ) -> dict:
-        prompt_tokens = sum(map(len, prompts))
-        completion_tokens = sum(len(c.token_ids) for group in groups for c in group)
-        return {
-            "id": f"{prefix}-{uuid.uuid4().hex}",
-            "object": kind,
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-            "weight_step": min(c.policy_step for group in groups for c in group),
-        }
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the engine thread: queued requests get a 503, the running one `timeout` seconds

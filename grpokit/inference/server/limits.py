@@ -29,6 +29,12 @@ class ServerLimits:
         trust_request_chat_template: render a Jinja chat template sent in a request (`chat_template`,
             `chat_template_kwargs.chat_template`). Off by default, as in vLLM
             (--trust-request-chat-template): a template is a program the server runs.
+        max_top_logprobs: top logprobs per token a request may ask for (chat `top_logprobs`, completions
+            and generate `logprobs`); vLLM's default max_logprobs, 20, which OpenAI's chat API allows
+            too. 0 refuses them all.
+        max_stop: stop strings in one request. OpenAI's API takes 4, vLLM any number; every decode step
+            searches each completion's text for each of them.
+        max_stop_chars: characters in one stop string.
     """
 
     max_n: int = 256
@@ -41,14 +47,23 @@ class ServerLimits:
     backlog: int = 2048
     shutdown_timeout: float = 3.0
     trust_request_chat_template: bool = False
+    max_top_logprobs: int = 20
+    max_stop: int = 16
+    max_stop_chars: int = 256
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "trust_request_chat_template" or (f.name == "max_prompt_tokens" and value is None):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"server.limits.{f.name} must be a number > 0, got {value!r}")
+            zero_ok = f.name == "max_top_logprobs"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (value > 0 or zero_ok and value == 0)
+            ):
+                relation = ">= 0" if zero_ok else "> 0"
+                raise ValueError(f"server.limits.{f.name} must be a number {relation}, got {value!r}")
         if self.max_n > self.max_rows:
             raise ValueError(
                 f"server.limits.max_n ({self.max_n}) exceeds server.limits.max_rows ({self.max_rows}): "

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.inference.server.limits import ServerLimits
+
 # Fields whose non-default value would change the result in a way this server cannot honour: refused.
 UNSUPPORTED = {
     "echo": (False,),
@@ -106,23 +108,24 @@ class SamplingRequest:
     return_token_ids: bool
     min_tokens: int = 0
     repetition_penalty: float = 1.0
+    top_logprobs: int = 0
 
     @classmethod
-    def parse(cls, body: dict, max_tokens: int | None, logprobs: bool, max_n: int) -> SamplingRequest:
+    def parse(
+        cls, body: dict, max_tokens: int | None, logprobs: bool, limits: ServerLimits, top_logprobs: int = 0
+    ) -> SamplingRequest:
+        """The sampling fields of `body`; `logprobs` and `top_logprobs` as the endpoint has read them."""
         for name, off in UNSUPPORTED.items():
             if body.get(name) is not None and body[name] not in off:
                 raise RequestError(f"{name} is not supported", name)
-        stop = body.get("stop")
-        stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError("stop must be a non-empty string or an array of them", "stop")
         seed = field(body, "seed", int, None, lambda v: 0 <= v < 2**63, "in [0, 2**63)")
+        max_n = limits.max_n
         return cls(
             n=field(body, "n", int, 1, lambda v: 1 <= v <= max_n, f">= 1 and <= {max_n} (server.limits.max_n)"),
             max_tokens=max_tokens,
             temperature=field(body, "temperature", float, 1.0, lambda v: v >= 0, ">= 0"),
             top_p=field(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-            stop=stop,
+            stop=parse_stop(body, limits),
             seed=secrets.randbits(63) if seed is None else seed,
             logprobs=logprobs,
             return_token_ids=field(body, "return_token_ids", bool, False),
@@ -135,7 +138,29 @@ class SamplingRequest:
                 f"in [0, max_tokens={max_tokens}]",
             ),
             repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
+            top_logprobs=top_logprobs,
         )
+
+
+def parse_stop(body: dict, limits: ServerLimits) -> list[str]:
+    """`stop`: a string or an array of them, non-empty, at most server.limits.max_stop of them and
+    max_stop_chars characters each (every decode step searches the text for each)."""
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if isinstance(stop, list) and len(stop) > limits.max_stop:
+        raise RequestError(
+            f"{len(stop)} stop strings, over the limit of {limits.max_stop} (server.limits.max_stop)", "stop"
+        )
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a non-empty string or an array of them", "stop")
+    longest = max(map(len, stop), default=0)
+    if longest > limits.max_stop_chars:
+        raise RequestError(
+            f"a stop string of {longest} characters, over the limit of {limits.max_stop_chars} "
+            "(server.limits.max_stop_chars)",
+            "stop",
+        )
+    return stop
 
 
 def parse_messages(body: dict) -> list[dict]:

@@ -3,12 +3,12 @@ from a bounded queue (the engine is not thread-safe, nor are HF fast tokenizers)
 
 - Bounded: a request that finds `max_queued` others waiting is refused at once (429) with a Retry-After
   estimated from the queue length and recent request times, instead of queueing without end.
-- Cancellable while queued: the HTTP layer withdraws the request of a client that hung up; it never
-  reaches the engine. A request the engine has started runs to its end (InferenceEngine.generate has no
-  way to drop rows mid-batch); max_rows and max_tokens bound what that costs.
+- Cancellable: the HTTP layer withdraws the queued request of a client that hung up (it never reaches
+  the engine), and sets the `cancelled` event of a running one (EngineCall): the engine stops it
+  between two decode steps (ServingOptions.cancelled), so the next request starts within a step.
 - Stoppable: `close` refuses new work, answers the queued requests 503, gives the running one
-  `timeout` seconds and then answers it 503 too. The thread is a daemon, so a process that exits does
-  not wait for a long generate.
+  `timeout` seconds, then cancels it and answers it 503 too. The thread is a daemon, so a process that
+  exits does not wait for an engine that cannot be cancelled.
 """
 
 from __future__ import annotations
@@ -28,13 +28,24 @@ log = logging.getLogger(__name__)
 MAX_RETRY_AFTER = 60  # seconds: a client should come back within a minute, whatever the estimate
 
 
+class EngineCall:
+    """What engine work knows of its request: `cancelled`, set once nobody waits for the answer (the
+    client hung up, the server stops), and `emit`, where a streamed answer's server-sent events go (bytes,
+    from the engine thread; None for a plain answer)."""
+
+    __slots__ = ("cancelled", "emit")
+
+    def __init__(self, emit: Callable[[bytes], None] | None = None) -> None:
+        self.cancelled, self.emit = threading.Event(), emit
+
+
 class OnEngine:
-    """Work for the engine thread: the HTTP layer queues `work` and answers with what it returns, as JSON,
-    or as server-sent events of the chunks `stream` makes of it (grpokit.inference.server.stream)."""
+    """Work for the engine thread: the HTTP layer queues `work(call)` and answers with what it returns, as
+    JSON; or, when `stream`, with the events the work emits (grpokit.inference.server.stream)."""
 
     __slots__ = ("work", "stream")
 
-    def __init__(self, work: Callable[[], Any], stream: Callable[[Any], list[dict]] | None = None) -> None:
+    def __init__(self, work: Callable[[EngineCall], Any], stream: bool = False) -> None:
         self.work, self.stream = work, stream
 
 
@@ -43,17 +54,19 @@ class EngineWorker:
 
     def __init__(self, max_queued: int, name: str = "grpokit-engine") -> None:
         self.max_queued = max_queued
-        self._queue: collections.deque[tuple[Future, Callable[[], Any]]] = collections.deque()
+        self._queue: collections.deque[tuple[Future, Callable[[], Any], threading.Event | None]] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
         self._running: Future | None = None
+        self._running_cancel: threading.Event | None = None
         self._running_since: float | None = None
         self.mean_seconds = 1.0  # moving average of request times, for Retry-After
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, work: Callable[[], Any]) -> Future:
-        """Queue `work`; a RequestError 429 when `max_queued` requests already wait, 503 once closed."""
+    def submit(self, work: Callable[[], Any], cancel: threading.Event | None = None) -> Future:
+        """Queue `work`; a RequestError 429 when `max_queued` requests already wait, 503 once closed.
+        `cancel`: the event that stops the work once it runs (close sets it after its timeout)."""
         with self._cond:
             if self._closed:
                 raise RequestError("the server is shutting down", status=503, retry_after=self._retry_after())
@@ -65,7 +78,7 @@ class EngineWorker:
                     retry_after=self._retry_after(),
                 )
             future: Future = Future()
-            self._queue.append((future, work))
+            self._queue.append((future, work, cancel))
             self._cond.notify()
         return future
 
@@ -99,10 +112,10 @@ class EngineWorker:
                     self._cond.wait()
                 if self._closed:
                     return
-                future, work = self._queue.popleft()
+                future, work, cancel = self._queue.popleft()
                 if not future.set_running_or_notify_cancel():
                     continue
-                self._running, self._running_since = future, time.monotonic()
+                self._running, self._running_since, self._running_cancel = future, time.monotonic(), cancel
             self._run(future, work)
 
     def _run(self, future: Future, work: Callable[[], Any]) -> None:
@@ -112,18 +125,19 @@ class EngineWorker:
         except BaseException as e:  # noqa: BLE001 - handed to the waiting request, which reports it
             result, error = None, e
         with self._cond:
-            self._running = self._running_since = None
+            self._running = self._running_since = self._running_cancel = None
             self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - start)
         _settle(future, result, error)
 
     def close(self, timeout: float) -> bool:
         """Refuse new requests, answer the queued ones 503, wait up to `timeout` s for the running one (then
-        answer it 503 too). True when the engine thread has ended."""
+        answer it 503 too and cancel it: the engine thread ends after its current decode step). True when
+        the engine thread has ended."""
         with self._cond:
             if self._closed:  # a second close (the server's, after SIGTERM's) does not wait again
                 return not self.thread.is_alive()
             self._closed = True
-            queued = [future for future, _ in self._queue]
+            queued = [future for future, *_ in self._queue]
             self._queue.clear()
             self._cond.notify_all()
         stopping = RequestError("the server is shutting down", status=503, retry_after=1)
@@ -131,10 +145,12 @@ class EngineWorker:
             _settle(future, None, stopping)
         self.thread.join(timeout)
         with self._cond:
-            running = self._running
+            running, cancel = self._running, self._running_cancel
         if running is not None:
-            log.warning("the engine is still running a request after %.1fs; answering it 503", timeout)
+            log.warning("the engine is still running a request after %.1fs; cancelled, answering it 503", timeout)
             _settle(running, None, RequestError("the server stopped before this request finished", status=503))
+        if cancel is not None:
+            cancel.set()  # the engine stops it at its next decode step; nobody waits for that
         return not self.thread.is_alive()
 
 
