@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r"^grpokit (fit|train|infer|orchestrate)\s+--")  # not a diagram's "grpokit train ──"
 PLACEHOLDERS = (
     "MODEL_DIR",
-    "r.yaml",
+    " r.yaml",  # a word of its own: recipes/calculator.yaml ends in r.yaml too
     "/path/to",
     "my_lab",
     "NAME",

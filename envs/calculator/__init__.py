@@ -23,17 +23,30 @@ import re
 import verifiers.v1 as vf
 
 TOOL_BONUS = 0.2
+SCHEMA = {
+    "name": "calculator",
+    "description": "Evaluate an arithmetic expression of whole numbers with +, - and *.",
+    "parameters": {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": "the expression, e.g. 347 * 29"}},
+        "required": ["expression"],
+    },
+}
+# SmolLM2-Instruct's own function-calling prompt (its model card): tools in <tools>, calls as a JSON list
 SYSTEM_PROMPT = (
-    "You have a calculator. To use it, write exactly:\n"
-    '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>\n'
-    "You will get the result. Then reply with the final answer as a number only."
+    "You are an expert in composing functions. You are given a question and a set of possible functions. "
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose.\n\n"
+    f"You have access to the following tools:\n<tools>{json.dumps([SCHEMA])}</tools>\n\n"
+    "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
+    '<tool_call>[\n{"name": "func_name1", "arguments": {"argument1": "value1"}}\n]</tool_call>\n'
+    "After the tool's result, reply with the final answer as a number only."
 )
 CALL = {"name": "calculator", "arguments": {"expression": "12 * 34"}}
 # one worked exchange before the question: a 135M model copies a format it has seen in the chat far more
 # often than one described in the system prompt (0 of 32 rollouts called the tool without it)
 EXAMPLE = [
     vf.UserMessage(content="What is 12 * 34?"),
-    vf.AssistantMessage(content=f"<tool_call>{json.dumps(CALL)}</tool_call>"),
+    vf.AssistantMessage(content=f"<tool_call>[{json.dumps(CALL)}]</tool_call>"),
     vf.ToolMessage(content="408", tool_call_id="call_0"),
     vf.AssistantMessage(content="408"),
 ]

@@ -7,6 +7,8 @@ The call syntax is Hermes' (what Qwen 2.5/3 chat templates and most open tool-ca
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>
 
+or a JSON list of such objects in one block (SmolLM2's function-calling format).
+
 Tool schemas for templates that list tools in the prompt come from the function's signature and
 docstring through transformers' `get_json_schema` (Google-style "Args:" docstrings).
 
@@ -57,20 +59,23 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         except json.JSONDecodeError as e:
             calls.append(ToolCall(name="", error=f"the tool call is not valid JSON ({e.msg} at {e.pos})"))
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            calls.append(ToolCall(name="", error='a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
-            continue
-        arguments = data.get("arguments", {})
-        if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object"))
-            continue
-        calls.append(ToolCall(name=data["name"], arguments=arguments))
+        # a JSON list of calls in one block is SmolLM2's (and APIGen's) variant of the syntax
+        calls += [_call(item) for item in data] if isinstance(data, list) else [_call(data)]
     return calls
+
+
+def _call(data) -> ToolCall:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ToolCall(name="", error='a tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object")
+    return ToolCall(name=data["name"], arguments=arguments)
 
 
 def run_tool_calls(tools: dict[str, Callable[..., Any]], calls: list[ToolCall], timeout: float) -> list[ToolResult]:
