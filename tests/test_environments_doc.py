@@ -262,8 +262,9 @@ def test_what_the_trainer_sees(envs, tokenizer):
         assert r.is_truncated and r.metrics["turns"] == 1.0 and set(r.completion_mask) == {1}
     assert (a.step_rewards, b.step_rewards) == ([1.0], [0.0])
 
-    # B's second reply is cut at max_tokens: the rollout ends there, that turn has no reward, advantage 0
+    # B's second reply is cut at max_tokens: the rollout ends there, and the cut turn earns 0
     a, b = quiz_rollouts(env, tokenizer, TurnLimits(max_turns=8, budget=1024), cut_turn=1)
-    assert b.is_truncated and b.metrics["turns"] == 2.0 and b.step_rewards == [0.0]
+    assert b.is_truncated and b.metrics["turns"] == 2.0 and b.step_rewards == [0.0, 0.0]
+    assert b.step_ends[-1] == len(b.completion_ids) - 1
     adv_a, adv_b = Process().token_advantages([[a, b]])
-    assert adv_b[b.step_ends[0] + 1 :] == [0.0] * (len(b.completion_ids) - b.step_ends[0] - 1) and adv_b[0] < 0
+    assert adv_b[0] < 0 and adv_b[-1] < adv_a[-1]

@@ -4,10 +4,10 @@ The question is one product or sum of multi-digit numbers ("What is 347 * 29?"),
 wrong on its own. The model may call the tool `calculator(expression)` in the Hermes syntax
 (grpokit.orchestrator.tools); the result comes back as a tool message, and the model then answers.
 
-Reward: 1.0 when the final reply's last number is the answer, else 0; plus 0.2 for each rollout whose
-tool call returned a result (capped at one), so a model that has not yet learnt to answer from the
-result is still pulled toward calling the tool. Metrics: `correct`, `tool_ok` (a call returned a
-result), `used_tool` (a call was made at all).
+Reward: 1.0 when the final reply's last number is the answer, else 0; plus 0.2 when a tool call
+returned a result, so a model that has not yet learnt to answer from the result is still pulled
+toward calling the tool. Metrics: `solved` (the answer is right), `tool_success` (a call returned a
+result), `used_tool` (a call was made at all). The prompt holds three worked exchanges (see EXAMPLE).
 
 Args (recipe `data.env: [{id: calculator, args: {...}}]`): num_tasks, min_digits, max_digits, seed.
 """
@@ -23,32 +23,28 @@ import re
 import verifiers.v1 as vf
 
 TOOL_BONUS = 0.2
-SCHEMA = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression of whole numbers with +, - and *.",
-    "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "the expression, e.g. 347 * 29"}},
-        "required": ["expression"],
-    },
-}
-# SmolLM2-Instruct's own function-calling prompt (its model card): tools in <tools>, calls as a JSON list
-SYSTEM_PROMPT = (
-    "You are an expert in composing functions. You are given a question and a set of possible functions. "
-    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose.\n\n"
-    f"You have access to the following tools:\n<tools>{json.dumps([SCHEMA])}</tools>\n\n"
-    "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
-    '<tool_call>[\n{"name": "func_name1", "arguments": {"argument1": "value1"}}\n]</tool_call>\n'
-    "After the tool's result, reply with the final answer as a number only."
-)
-CALL = {"name": "calculator", "arguments": {"expression": "12 * 34"}}
-# one worked exchange before the question: a 135M model copies a format it has seen in the chat far more
-# often than one described in the system prompt (0 of 32 rollouts called the tool without it)
+SYSTEM_PROMPT = "You have a calculator tool. Call it for every question, then reply with the number only."
+
+
+def _call(expression: str) -> str:
+    """A calculator call in SmolLM2's function-calling format: a JSON list in one <tool_call> block."""
+    return f"<tool_call>[{json.dumps({'name': 'calculator', 'arguments': {'expression': expression}})}]</tool_call>"
+
+
+# Three worked exchanges before the question. A 135M model copies a format it has seen in the chat far
+# more often than one it is told about: measured on SmolLM2-135M-Instruct, 32 first replies each
+# (temperature 1): a system prompt alone, or with SmolLM2's own function-calling prompt and one example,
+# gave 0-1 valid calls; three examples gave 22 (20 with the plain Hermes object instead of a list).
+SHOTS = (("12 * 34", 408), ("305 + 78", 383), ("41 * 7", 287))
 EXAMPLE = [
-    vf.UserMessage(content="What is 12 * 34?"),
-    vf.AssistantMessage(content=f"<tool_call>[{json.dumps(CALL)}]</tool_call>"),
-    vf.ToolMessage(content="408", tool_call_id="call_0"),
-    vf.AssistantMessage(content="408"),
+    message
+    for expression, result in SHOTS
+    for message in (
+        vf.UserMessage(content=f"What is {expression}?"),
+        vf.AssistantMessage(content=_call(expression)),
+        vf.ToolMessage(content=str(result), tool_call_id=f"call_{expression}"),
+        vf.AssistantMessage(content=str(result)),
+    )
 ]
 NUMBER = re.compile(r"-?\d[\d,]*")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.USub: operator.neg}
@@ -106,6 +102,15 @@ class CalculatorTask(vf.Task[CalculatorData]):
     @vf.metric
     async def used_tool(self, trace: vf.Trace) -> float:
         return float(bool(tool_results(trace)))
+
+    @vf.metric
+    async def tool_success(self, trace: vf.Trace) -> float:
+        """A call returned a result (not an error): the tool-call success rate."""
+        return await self.tool_ok(trace)
+
+    @vf.metric
+    async def solved(self, trace: vf.Trace) -> float:
+        return await self.correct(trace)
 
 
 def tool_results(trace: vf.Trace) -> list:

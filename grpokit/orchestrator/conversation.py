@@ -102,13 +102,18 @@ def is_multi_turn(task: Any) -> bool:
     return bool(getattr(task, "tools", None)) or callable(getattr(task, "respond", None))
 
 
-def environment_turn(conv: Conversation) -> EnvTurn:
+def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
     """The environment's answer to the conversation's last reply (timed into conv.env_time): tool
-    results when the reply calls tools, else the task's `respond`, else the end of the rollout."""
+    results when the reply calls tools, else the task's `respond`, else the end of the rollout. On the
+    last turn allowed, tools are not run (nobody would read their results); `respond` still is, for
+    its turn reward. A `respond` that raises stops the run naming the environment and example, as a
+    reward function that raises does: a made-up answer would train silently."""
     task, start = conv.example.task, time.perf_counter()
     try:
         tools = {fn.__name__: fn for fn in getattr(task, "tools", None) or []}
         calls = parse_tool_calls(conv.messages[-1]["content"]) if tools else []
+        if calls and last_turn:
+            return EnvTurn(done=True)
         if calls:
             results = run_tool_calls(tools, calls, float(getattr(task, "tool_timeout", DEFAULT_TOOL_TIMEOUT)))
             _count(conv, results)
@@ -116,7 +121,14 @@ def environment_turn(conv: Conversation) -> EnvTurn:
         respond = getattr(task, "respond", None)
         if respond is None:
             return EnvTurn(done=True)
-        return as_env_turn(respond(conv.messages, conv.state), conv)
+        try:
+            answer = respond(conv.messages, conv.state)
+        except Exception as e:
+            raise ValueError(
+                f"environment {conv.env.name!r} example {conv.example.index}: respond() raised "
+                f"{type(e).__name__}: {e}; fix the environment's respond method"
+            ) from e
+        return as_env_turn(answer, conv)
     finally:
         conv.env_time += time.perf_counter() - start
 

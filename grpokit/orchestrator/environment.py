@@ -88,7 +88,8 @@ class Environment:
     ) -> list[tuple[float, dict[str, float]]]:
         """Reward each multi-turn rollout's whole chat (the prompt's messages, then the replies and the
         environment's messages) with the taskset's rubric, checked like `score`."""
-        return self._score_traces(examples, [make_chat_trace(ex.task, chat) for ex, chat in zip(examples, chats)])
+        traces = [make_chat_trace(ex.task, chat, len(ex.messages)) for ex, chat in zip(examples, chats)]
+        return self._score_traces(examples, traces)
 
     def _score_traces(self, examples: list[Example], traces: list) -> list[tuple[float, dict[str, float]]]:
         async def score_all() -> list:
@@ -273,9 +274,10 @@ def checked_trace_class() -> type:
     return CheckedTrace
 
 
-def make_chat_trace(task: Any, chat: list[dict[str, Any]]):
+def make_chat_trace(task: Any, chat: list[dict[str, Any]], num_prompt_messages: int = 0):
     """A finished verifiers Trace of a whole conversation: one message node per message, each the
-    child of the one before; assistant messages are marked sampled."""
+    child of the one before; the assistant messages after the prompt's are marked sampled (a prompt's
+    few-shot replies are not the model's)."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.graph import MessageNode
@@ -287,7 +289,8 @@ def make_chat_trace(task: Any, chat: list[dict[str, Any]]):
         message = kinds[m["role"]](content=m["content"]) if m["role"] in kinds else None
         if message is None:  # tool results, and any other role an environment speaks as
             message = vf.ToolMessage(content=m["content"], tool_call_id=m.get("tool_call_id", f"call_{i}"))
-        nodes.append(MessageNode(parent=i - 1 if i else None, sampled=m["role"] == "assistant", message=message))
+        sampled = m["role"] == "assistant" and i >= num_prompt_messages
+        nodes.append(MessageNode(parent=i - 1 if i else None, sampled=sampled, message=message))
     data = task.data
     return checked_trace_class()(
         task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),

@@ -64,13 +64,14 @@ def generate_conversations(
 def _take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
     """Record the model's reply, then the environment's answer, or end the conversation."""
     conv.add_completion(completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True))
-    if completion.is_truncated:
+    if completion.is_truncated:  # a reply cut at max_tokens ends the rollout; a game's turn then earns 0
+        conv.turn_rewards.append(0.0 if callable(getattr(conv.example.task, "respond", None)) else None)
         conv.done = conv.is_truncated = True
         return
-    answer = environment_turn(conv)
+    last = conv.turns >= int(getattr(conv.example.task, "max_turns", None) or max_turns)
+    answer = environment_turn(conv, last_turn=last)
     conv.turn_rewards.append(answer.reward)
-    limit = int(getattr(conv.example.task, "max_turns", None) or max_turns)
-    if answer.done or conv.turns >= limit:
+    if answer.done or last:
         conv.done = True
         return
     env_ids = chat.after_completion(completion.token_ids, answer.messages)
@@ -82,7 +83,8 @@ def _take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budg
 
 def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int, tokenizer) -> list[list[Rollout]]:
     """Score the finished conversations with their tasks and turn them into Rollouts (one group per prompt).
-    Per-turn rewards, when every turn of a rollout has one, become its step rewards at each turn's last token."""
+    Per-turn rewards, when the environment gives any, become step rewards at each turn's last token; a
+    turn without one (a reply cut at max_tokens, a tool turn) counts 0."""
     out = []
     for g, group in enumerate(groups):
         env, ex = group[0].env, group[0].example
@@ -90,7 +92,8 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
         rollouts = []
         for conv, (reward, metrics) in zip(group, scores):
             _mask_nonfinite(conv, metrics)
-            per_turn = conv.turn_rewards if conv.turn_rewards and None not in conv.turn_rewards else None
+            given = any(r is not None for r in conv.turn_rewards)
+            per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if given else None
             rollouts.append(
                 Rollout(
                     example_id=ex.index,
@@ -106,7 +109,7 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
                     completion_text=tokenizer.decode(conv.ids, skip_special_tokens=False),
                     metrics={**metrics, **conv.metrics()},
                     step_rewards=per_turn,
-                    step_ends=conv.turn_ends[: len(per_turn)] if per_turn else None,
+                    step_ends=conv.turn_ends if per_turn else None,
                     messages=conv.messages,
                 )
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.orchestrator.conversation import is_multi_turn
@@ -52,13 +52,34 @@ def generate_rollouts(
         return []
     if prompt_ids is None:
         prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
-    if any(is_multi_turn(ex.task) for _, ex in prompts):
+    multi = [i for i, (_, ex) in enumerate(prompts) if is_multi_turn(ex.task)]
+    if multi:  # conversations for those prompts, single-turn sampling for the others, groups in prompt order
+        single = [i for i in range(len(prompts)) if i not in set(multi)]
         turns = turns or TurnLimits()
         budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
         conversations = generate_conversations(
-            engine, tokenizer, prompts, prompt_ids, rollouts_per_example, sampling, budget, turns.max_turns
+            engine,
+            tokenizer,
+            [prompts[i] for i in multi],
+            [prompt_ids[i] for i in multi],
+            rollouts_per_example,
+            sampling,
+            budget,
+            turns.max_turns,
         )
-        return conversation_rollouts(conversations, first_group_id, tokenizer)
+        groups = dict(zip(multi, conversation_rollouts(conversations, 0, tokenizer)))
+        if single:
+            sampled = generate_rollouts(
+                engine,
+                tokenizer,
+                [prompts[i] for i in single],
+                rollouts_per_example,
+                sampling,
+                0,
+                [prompt_ids[i] for i in single],
+            )
+            groups.update(zip(single, sampled))
+        return [[replace(r, group_id=first_group_id + i) for r in groups[i]] for i in range(len(prompts))]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):

@@ -198,3 +198,58 @@ def test_respond_must_return_messages(tokenizer):
     with pytest.raises(TypeError, match="str 'role' and 'content'"):
         as_env_turn([{"role": "user"}], conv)
     assert as_env_turn(None, conv).done
+
+
+def test_mixed_single_and_multi_turn_prompts_keep_their_paths_and_order(tiny_model, tokenizer):
+    """A step drawing from a single-turn and a multi-turn environment: each prompt takes its own path
+    (single-turn step rewards kept), groups in prompt order with consecutive group ids."""
+    from grpokit.inference.builtin import BuiltinEngine
+    from grpokit.orchestrator.environment import Environment, EnvSpec
+
+    engine = BuiltinEngine(device="cpu")
+    engine.setup(tiny_model)
+    single = Environment(EnvSpec(id="reverse-text"))
+    multi = (_Env(), Example(0, [{"role": "user", "content": "hi"}], _ThreeTurnTask()))
+    sampling = SamplingSettings(temperature=1.0, max_tokens=12, stop=["e"], seed=3)
+    prompts = [(single, single.examples[0]), multi, (single, single.examples[1])]
+    groups = generate_rollouts(engine, tokenizer, prompts, 2, sampling, 10, turns=TurnLimits(8, 400))
+    assert [g[0].group_id for g in groups] == [10, 11, 12]
+    assert [g[0].env_id for g in groups] == ["reverse-text", "three-turn", "reverse-text"]
+    assert groups[0][0].messages is None and groups[0][0].step_rewards is not None
+    assert groups[1][0].messages is not None
+
+
+def test_a_reply_cut_at_max_tokens_earns_a_zero_turn_reward_in_a_game(tiny_model, tokenizer):
+    """Per-turn rewards stay defined (for the process advantage) when a game's first reply is cut."""
+    from grpokit.inference.builtin import BuiltinEngine
+
+    engine = BuiltinEngine(device="cpu")
+    engine.setup(tiny_model)
+    example = Example(0, [{"role": "user", "content": "hi"}], _ThreeTurnTask())
+    sampling = SamplingSettings(temperature=1.0, max_tokens=2, seed=3)  # no stop: every reply is cut
+    (group,) = generate_rollouts(engine, tokenizer, [(_Env(), example)], 2, sampling, 0, turns=TurnLimits(8, 400))
+    for r in group:
+        assert r.is_truncated and r.step_rewards == [0.0] and r.step_ends == [len(r.completion_ids) - 1]
+
+
+@pytest.mark.unit
+def test_respond_that_raises_names_the_environment_and_the_last_turn_runs_no_tools():
+    from grpokit.orchestrator.conversation import Conversation, environment_turn
+
+    class Broken:
+        def respond(self, messages, state):
+            raise RuntimeError("game server down")
+
+    calls = []
+
+    class WithTool:
+        tools = (lambda: calls.append(1) or "ran",)
+
+    conv = Conversation(SimpleNamespace(name="game"), SimpleNamespace(index=4, task=Broken()), [], [])
+    conv.messages.append({"role": "assistant", "content": "5"})
+    with pytest.raises(ValueError, match="environment 'game' example 4: respond\\(\\) raised RuntimeError"):
+        environment_turn(conv)
+    conv.example.task = WithTool()
+    conv.messages.append({"role": "assistant", "content": '<tool_call>{"name": "<lambda>"}</tool_call>'})
+    assert environment_turn(conv, last_turn=True).done and not calls and conv.tool_calls == 0
+    assert environment_turn(conv).messages == [{"role": "tool", "content": "ran"}] and calls == [1]
