@@ -33,6 +33,9 @@ class SamplingSettings:
             repeats; 1 = off), as HF and vLLM define it. Logprobs are of the penalized distribution, which
             the trainer does not reproduce: the loss's importance ratio sees the penalty as off-policy-ness
             (docs/orchestrator.md measures it).
+        stop_token_ids: token ids that end a completion as the model's EOS does (vLLM's stop_token_ids: a
+            chat template's end-of-turn token that is not EOS, Qwen's `<|im_end|>` and `<|endoftext|>`);
+            the token is kept in the completion, and min_tokens masks these too.
     """
 
     temperature: float | None = None
@@ -42,6 +45,7 @@ class SamplingSettings:
     seed: int | None = None
     min_tokens: int = 0
     repetition_penalty: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.temperature is not None and self.temperature < 0:
@@ -63,6 +67,10 @@ class SamplingSettings:
             raise ValueError(
                 "data.sampling.repetition_penalty must be > 0 (1 = off, "
                 f"> 1 discourages repeats), got {self.repetition_penalty}"
+            )
+        if any(type(t) is not int or t < 0 for t in self.stop_token_ids):
+            raise ValueError(
+                f"data.sampling.stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}"
             )
 
 

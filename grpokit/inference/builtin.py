@@ -94,6 +94,7 @@ class BuiltinEngine(InferenceEngine):
         self.stop_token_ids = {self.tokenizer.eos_token_id}
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         self.stop_token_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is not None:
@@ -168,11 +169,12 @@ class BuiltinEngine(InferenceEngine):
     ) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("BuiltinEngine.generate called before setup(model)")
+        stop_token_ids = self._stop_token_ids(sampling)
         # seed null: settings not from a recipe (tests, bench)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed or 0)
         flat = [ids for ids in prompts for _ in range(n)]
         if self.fast:
-            completions = self._generate_fast(flat, sampling, generator, options)
+            completions = self._generate_fast(flat, sampling, stop_token_ids, generator, options)
         else:
             completions = []
             for start in range(0, len(flat), self.max_batch_size):
@@ -183,7 +185,7 @@ class BuiltinEngine(InferenceEngine):
                         self.model,
                         flat[start : start + self.max_batch_size],
                         sampling,
-                        self.stop_token_ids,
+                        stop_token_ids,
                         self.tokenizer.pad_token_id,
                         generator,
                         self.tokenizer.decode,
@@ -196,8 +198,22 @@ class BuiltinEngine(InferenceEngine):
             completions += [Completion([], [], True, self.weight_step) for _ in flat[len(completions) :]]  # cancelled
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    def _stop_token_ids(self, sampling: SamplingSettings) -> set[int]:
+        """The model's EOS ids and the settings' stop_token_ids, which must be in the vocabulary."""
+        outside = [t for t in sampling.stop_token_ids if not 0 <= t < self.vocab_size]
+        if outside:
+            raise ValueError(
+                f"data.sampling.stop_token_ids {outside} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        return self.stop_token_ids | set(sampling.stop_token_ids)
+
     def _generate_fast(
-        self, flat: list[list[int]], sampling: SamplingSettings, generator, options: ServingOptions | None
+        self,
+        flat: list[list[int]],
+        sampling: SamplingSettings,
+        stop_token_ids: set[int],
+        generator,
+        options: ServingOptions | None,
     ) -> list[Completion]:
         """The fast path: no top logprobs (refused); a streamed request gets each completion whole when it
         ends, and a cancelled one stops at the next look at the slots (every few decode steps)."""
@@ -214,7 +230,7 @@ class BuiltinEngine(InferenceEngine):
                 self._runner(flat, sampling),
                 flat,
                 sampling,
-                self.stop_token_ids,
+                stop_token_ids,
                 generator,
                 self.tokenizer.decode,
                 cancelled=options.is_cancelled if options is not None else None,

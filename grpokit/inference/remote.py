@@ -2,10 +2,10 @@
 
 Requests go to `/v1/completions` with the prompt as token ids and the vLLM extensions the orchestrator
 needs: `logprobs: 0` (only the sampled token's logprob), `return_token_ids: true` (the completion's token
-ids), `min_tokens` and `repetition_penalty` when set, and grpokit's `weight_step` in the response. The
-servers load new weights themselves (grpokit's server polls the broadcast before each request; vLLM
-reloads the LoRA adapter), so `load_weights` only records the step the orchestrator waited for. Several
-`base_url`s spread the prompts round-robin.
+ids), `min_tokens`, `repetition_penalty` and `stop_token_ids` when set, and grpokit's `weight_step` in the
+response. The servers load new weights themselves (grpokit's server polls the broadcast before each
+request; vLLM reloads the LoRA adapter), so `load_weights` only records the step the orchestrator waited
+for. Several `base_url`s spread the prompts round-robin.
 `served_weight_step` asks every server (`GET /v1/weights`, grpokit's server only) which step it holds:
 the orchestrator's progress source when the broadcast is one only the servers may poll (NCCL, IPC).
 
@@ -191,6 +191,8 @@ class RemoteEngine(InferenceEngine):
             body["min_tokens"] = sampling.min_tokens
         if sampling.repetition_penalty != 1.0:
             body["repetition_penalty"] = sampling.repetition_penalty
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = sampling.stop_token_ids
         return body
 
     def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:

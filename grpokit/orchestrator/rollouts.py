@@ -53,33 +53,10 @@ def generate_rollouts(
     if prompt_ids is None:
         prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
     multi = [i for i, (_, ex) in enumerate(prompts) if is_multi_turn(ex.task)]
-    if multi:  # conversations for those prompts, single-turn sampling for the others, groups in prompt order
-        single = [i for i in range(len(prompts)) if i not in set(multi)]
-        turns = turns or TurnLimits()
-        budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
-        conversations = generate_conversations(
-            engine,
-            tokenizer,
-            [prompts[i] for i in multi],
-            [prompt_ids[i] for i in multi],
-            rollouts_per_example,
-            sampling,
-            budget,
-            turns.max_turns,
+    if multi:
+        return _with_conversations(
+            engine, tokenizer, prompts, prompt_ids, multi, rollouts_per_example, sampling, first_group_id, turns
         )
-        groups = dict(zip(multi, conversation_rollouts(conversations, 0, tokenizer)))
-        if single:
-            sampled = generate_rollouts(
-                engine,
-                tokenizer,
-                [prompts[i] for i in single],
-                rollouts_per_example,
-                sampling,
-                0,
-                [prompt_ids[i] for i in single],
-            )
-            groups.update(zip(single, sampled))
-        return [[replace(r, group_id=first_group_id + i) for r in groups[i]] for i in range(len(prompts))]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
     for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
@@ -107,6 +84,39 @@ def generate_rollouts(
             ]
         )
     return groups
+
+
+def _with_conversations(
+    engine, tokenizer, prompts, prompt_ids, multi, rollouts_per_example, sampling, first_group_id, turns
+) -> list[list[Rollout]]:
+    """Conversations for the prompts of multi-turn tasks (indices `multi`), single-turn sampling for the
+    others; the groups in prompt order, with consecutive group ids from first_group_id."""
+    single = [i for i in range(len(prompts)) if i not in set(multi)]
+    turns = turns or TurnLimits()
+    budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
+    conversations = generate_conversations(
+        engine,
+        tokenizer,
+        [prompts[i] for i in multi],
+        [prompt_ids[i] for i in multi],
+        rollouts_per_example,
+        sampling,
+        budget,
+        turns.max_turns,
+    )
+    groups = dict(zip(multi, conversation_rollouts(conversations, 0, tokenizer)))
+    if single:
+        sampled = generate_rollouts(
+            engine,
+            tokenizer,
+            [prompts[i] for i in single],
+            rollouts_per_example,
+            sampling,
+            0,
+            [prompt_ids[i] for i in single],
+        )
+        groups.update(zip(single, sampled))
+    return [[replace(r, group_id=first_group_id + i) for r in groups[i]] for i in range(len(prompts))]
 
 
 def logprob_fields(completion: Completion, metrics: dict[str, float], env: Environment, example: Example) -> dict:

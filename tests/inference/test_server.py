@@ -179,6 +179,25 @@ def test_remote_engine_passes_min_tokens_and_repetition_penalty_through(tiny_mod
     assert via_server.logprobs == pytest.approx(direct.logprobs, abs=1e-6)
 
 
+def test_stop_token_ids_end_a_completion_on_the_engine_and_through_remote_engine(tiny_model):
+    from grpokit.inference.remote import RemoteEngine
+
+    with serving(tiny_model) as (engine, server):
+        plain = engine.generate([PROMPT_IDS], 1, SamplingSettings(temperature=0, max_tokens=8))[0][0]
+        ids = plain.token_ids
+        j = next((i for i in range(1, len(ids)) if ids[i] not in ids[:i]), 0)
+        sampling = SamplingSettings(temperature=0, max_tokens=8, stop_token_ids=[ids[j]])
+        direct = engine.generate([PROMPT_IDS], 1, sampling)[0][0]
+        remote = RemoteEngine(base_url=server.url, model_name="tiny")  # sends vLLM's stop_token_ids
+        remote.setup(tiny_model)
+        (via_server,) = remote.generate([PROMPT_IDS], 1, sampling)[0]
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.generate([PROMPT_IDS], 1, SamplingSettings(max_tokens=2, stop_token_ids=[10**9]))
+    assert direct.token_ids == via_server.token_ids == ids[: j + 1] and plain.is_truncated
+    assert not direct.is_truncated and not via_server.is_truncated
+    assert via_server.logprobs == pytest.approx(direct.logprobs, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param", "message"),
     [

@@ -1,7 +1,7 @@
 """The API a client expects beyond plain requests: the official `openai` client streams chat and text
 completions token by token (server-sent events that join to the plain answer), top logprobs in OpenAI's
 shapes, and vLLM's token-in/token-out `/inference/v1/generate` returns the same token ids and logprobs
-(top ones too) as the chat route for the same request."""
+(top ones too) as the chat route for the same request, in vLLM's generate shapes (`token_id:<id>`)."""
 
 from __future__ import annotations
 
@@ -153,21 +153,32 @@ def test_generate_returns_the_chat_routes_token_ids_and_logprobs(served):
     body = {"token_ids": chat["prompt_token_ids"], "sampling_params": {**SAMPLING, "logprobs": 0}, "request_id": "r1"}
     status, generated = post(server, "/inference/v1/generate", body)
     assert status == 200 and generated["request_id"] == "r1" and generated["prompt_logprobs"] is None
-    assert generated["weight_step"] == chat["weight_step"] == -1
+    assert generated["weight_step"] == chat["weight_step"] == -1 and generated["usage"] == chat["usage"]
     for g, c in zip(generated["choices"], chat["choices"], strict=True):
         assert g["index"] == c["index"] and g["finish_reason"] == c["finish_reason"]
         assert g["token_ids"] == c["token_ids"] and len(g["token_ids"]) == 5
-        assert g["logprobs"]["content"] == c["logprobs"]["content"]
+        for t, item, expected in zip(g["token_ids"], g["logprobs"]["content"], c["logprobs"]["content"], strict=True):
+            sampled = {"token": f"token_id:{t}", "token_id": t, "logprob": expected["logprob"], "bytes": None}
+            assert item == {**sampled, "top_logprobs": [sampled]}  # vLLM: max(k, 1) entries, the sampled first
     chat_body = {"messages": MESSAGES, "logprobs": True, "top_logprobs": 4, **SAMPLING}
     status, chat = post(server, "/v1/chat/completions", chat_body)
     sampling = {**SAMPLING, "logprobs": 4}
     status, generated = post(server, "/inference/v1/generate", {**body, "sampling_params": sampling})
     assert status == 200
     for g, c in zip(generated["choices"], chat["choices"], strict=True):
-        assert g["logprobs"]["content"] == c["logprobs"]["content"]
-        assert all(len(item["top_logprobs"]) == 4 for item in g["logprobs"]["content"])
-    status, plain = post(server, "/inference/v1/generate", {"token_ids": PROMPT_IDS})  # vLLM's defaults: 16 tokens
-    assert status == 200 and plain["choices"][0]["logprobs"] is None and len(plain["choices"][0]["token_ids"]) <= 16
+        for t, item, expected in zip(g["token_ids"], g["logprobs"]["content"], c["logprobs"]["content"], strict=True):
+            top = item["top_logprobs"]  # the sampled token, then the most likely others: 4 in all
+            assert len(top) == 4 and (top[0]["token_id"], top[0]["logprob"]) == (t, expected["logprob"])
+            assert all(x["token"] == f"token_id:{x['token_id']}" and x["bytes"] is None for x in top)
+            assert len({x["token_id"] for x in top}) == 4
+            values = [x["logprob"] for x in expected["top_logprobs"]]  # the chat route's top 4
+            if expected["logprob"] in values:
+                values.remove(expected["logprob"])
+            assert [x["logprob"] for x in top[1:]] == values[:3]
+    prompt = PROMPT_IDS * 126  # 504 tokens: the rest of the 512-token context is 8
+    status, plain = post(server, "/inference/v1/generate", {"token_ids": prompt})  # vLLM's default: the rest
+    assert status == 200 and plain["choices"][0]["logprobs"] is None and plain["prompt_token_ids"] is None
+    assert len(plain["choices"][0]["token_ids"]) <= 8 and plain["usage"]["prompt_tokens"] == 504
 
 
 @pytest.mark.parametrize(
@@ -181,11 +192,30 @@ def test_generate_returns_the_chat_routes_token_ids_and_logprobs(served):
         ({"token_ids": PROMPT_IDS, "sampling_params": {"stop": ["x"] * 17}}, "stop", "server.limits.max_stop"),
         ({"token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 600}}, "max_tokens", "context is 512"),
         ({"token_ids": PROMPT_IDS, "model": "other"}, "model", "does not exist"),
+        ({"token_ids": PROMPT_IDS, "sampling_params": {"stop_token_ids": [2, 10**9]}}, "stop_token_ids", "[0, 49152)"),
+        ({"token_ids": PROMPT_IDS, "sampling_params": {"stop_token_ids": 2}}, "stop_token_ids", "array of token ids"),
+        ({"token_ids": PROMPT_IDS, "sampling_params": {"ignore_eos": True}}, "ignore_eos", "not supported"),
+        ({"token_ids": PROMPT_IDS, "sampling_params": {"top_k": 20}}, "top_k", "not supported"),
+        ({"token_ids": PROMPT_IDS, "features": {"mm_hashes": {}}}, "features", "no multimodal inputs"),
+        ({"token_ids": PROMPT_IDS, "output_mode": "text"}, "output_mode", "returns no text"),
     ],
 )
 def test_generate_refusals_name_the_field(served, body, param, message):
     status, payload = post(served[1], "/inference/v1/generate", body)
     assert status in (400, 404) and payload["error"]["param"] == param and message in payload["error"]["message"]
+
+
+def test_generate_ignores_what_vllm_ignores_or_only_formats_text(served):
+    body = {"token_ids": PROMPT_IDS, "sampling_params": {**SAMPLING, "logprobs": 1}}
+    status, plain = post(served[1], "/inference/v1/generate", body)
+    extra = {"skip_special_tokens": False, "include_stop_str_in_output": True, "detokenize": False}
+    extra |= {"routed_experts_prompt_start": 3, "reasoning_effort": "low", "no_such_field": 1}  # vLLM drops these
+    body = {**body, "sampling_params": {**body["sampling_params"], **extra}, "priority": 5, "cache_salt": "s"}
+    status2, same = post(served[1], "/inference/v1/generate", {**body, "kv_transfer_params": {}})
+    assert status == status2 == 200 and [c["token_ids"] for c in same["choices"]] == [
+        c["token_ids"] for c in plain["choices"]
+    ]
+    assert [c["logprobs"] for c in same["choices"]] == [c["logprobs"] for c in plain["choices"]]
 
 
 def test_a_stream_refused_before_its_first_event_is_a_json_error_and_a_later_failure_an_error_event(served):

@@ -108,11 +108,26 @@ def wait_ok(procs: dict, tmp_path: Path) -> None:
     assert procs["orchestrate"].wait(timeout=60) == 0, (tmp_path / "orchestrate.log").read_text()[-3000:]
 
 
+# a multi-turn game for the ZMQ run: a random model rarely samples EOS, so replies stop on a common
+# letter and the game answers each one ("Reply with one number ...") for up to 3 turns
+MULTI_TURN = [
+    "--data.env",
+    "[{id: guess-number, args: {num_tasks: 50}}]",
+    "--data.sampling.stop",
+    "[e]",
+    "--data.max_turns",
+    "3",
+]
+
+
 @pytest.mark.parametrize("transport", ["filesystem", "zmq"])
 def test_three_processes_train_together(tmp_path, tiny_model, transport):
+    """Filesystem transport on the single-turn recipe; ZMQ on a multi-turn game, whose conversations go
+    through `grpokit infer` turn by turn and whose environment tokens the trainer never trains on (its
+    logprobs match the server's on every trained token)."""
     http_port = free_port()
     extra = (
-        ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())]
+        ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port()), *MULTI_TURN]
         if transport == "zmq"
         else []
     )
@@ -121,6 +136,13 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
         stop(procs, tmp_path)
     run = tmp_path / "mp"
     check_run(run, STEPS)
+    if transport == "zmq":
+        samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+        turns = [sum(m["role"] == "assistant" for m in s["messages"]) for s in samples]
+        assert max(turns) >= 2, turns
+        rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+        assert all(float(r["env/turns"]) >= 1 for r in rows)
+        assert all(abs(float(r["token_mult_prob_error"]) - 1) < 1e-3 for r in rows)
     stable = sorted(int(p.parent.name[5:]) for p in (run / "broadcasts").glob("step_*/STABLE"))
     assert stable[-1] == STEPS
 

@@ -161,6 +161,14 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
         "120",
         "--data.max_async_level",
         "0",  # step n samples with the adapter of step n: every step compares like with like
+        # a multi-turn game: replies stop on a common letter (a random model rarely samples EOS) and the
+        # game answers each, so vLLM continues conversations from their token ids, turn by turn
+        "--data.env",
+        "[{id: guess-number, args: {num_tasks: 50}}]",
+        "--data.sampling.stop",
+        "[e]",
+        "--data.max_turns",
+        "3",
         "--trainer.max_steps",
         str(STEPS),
         "--ckpt.interval",
@@ -201,6 +209,8 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert {s["step"] for s in samples} == set(range(STEPS))
     assert all(s["policy_step"] == s["step"] for s in samples)  # read from the adapter name vLLM echoes
+    # several turns per conversation, and the environment's tokens never trained (the error above)
+    assert max(sum(m["role"] == "assistant" for m in s["messages"]) for s in samples) >= 2
 
 
 # -- full weights and LoRA tensors over a gloo NCCLBroadcast group into vLLM's worker ----------------

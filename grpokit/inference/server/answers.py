@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Collection
 from itertools import accumulate
 
 from grpokit.inference import Completion
@@ -42,9 +43,13 @@ class Answers:
         """A completion's text: special tokens (EOS) left out."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def text(self, c: Completion, stop: list[str]) -> str:
-        """The completion's text, ending before its first stop string (as in OpenAI's API)."""
-        return cut_at_stop(self.decode(c.token_ids), stop)
+    def text(self, c: Completion, stop: list[str], stop_token_ids: Collection[int] = ()) -> str:
+        """The completion's text, ending before its first stop string (as in OpenAI's API) and without
+        the stop token id that ended it (as vLLM's text)."""
+        ids = c.token_ids
+        if ids and ids[-1] in stop_token_ids:
+            ids = ids[:-1]
+        return cut_at_stop(self.decode(ids), stop)
 
     def chat_logprobs(self, token_ids: list[int], logprobs: list[float], tops: list[Top] | None) -> list[dict]:
         """Chat's `logprobs.content`: {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} per token."""
@@ -89,6 +94,19 @@ class Answers:
             "usage": usage(prompts, groups),
             "weight_step": min(c.policy_step for group in groups for c in group),
         }
+
+
+def generate_logprobs(token_ids: list[int], logprobs: list[float], tops: list[Top] | None, k: int) -> list[dict]:
+    """`logprobs.content` of vLLM's /inference/v1/generate for `sampling_params.logprobs: k`: per token
+    `{token: "token_id:<id>", token_id, logprob, bytes: null, top_logprobs}`, where top_logprobs are the
+    sampled token, then the most likely others (`tops`), max(k, 1) in all: the first entries of vLLM's
+    logprobs dict, which holds the sampled token first."""
+    out = []
+    for i, (t, lp) in enumerate(zip(token_ids, logprobs)):
+        first = [(t, lp)] + [(u, v) for u, v in (tops[i] if tops is not None else ()) if u != t]
+        top = [{"token": f"token_id:{u}", "token_id": u, "logprob": logprob(v), "bytes": None} for u, v in first]
+        out.append({**top[0], "top_logprobs": top[: max(k, 1)]})
+    return out
 
 
 def new_id(prefix: str) -> str:

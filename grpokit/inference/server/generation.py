@@ -86,7 +86,15 @@ class RequestSampler:
         if call.emit is None:
             return None
         return kind(
-            self.answers, call.emit, prompts, params.n, params.stop, params.logprobs, params.return_token_ids, usage
+            self.answers,
+            call.emit,
+            prompts,
+            params.n,
+            params.stop,
+            params.logprobs,
+            params.return_token_ids,
+            usage,
+            params.stop_token_ids,
         )
 
     def sample(
@@ -132,6 +140,7 @@ class RequestSampler:
             params.seed,
             params.min_tokens,
             params.repetition_penalty,
+            params.stop_token_ids,
         )
 
 

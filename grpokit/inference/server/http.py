@@ -23,13 +23,18 @@ Where it departs from the OpenAI API:
 - Logprobs are of the temperature-scaled distribution, and so are chat's `top_logprobs` k and
   completions' `logprobs` k (at most server.limits.max_top_logprobs; engines with
   `reports_top_logprobs` only: not the fast CUDA path).
-- `min_tokens` and `repetition_penalty` (vLLM extensions) are honoured, and logprobs are of the
-  processed distribution (stop tokens masked, penalty applied, then temperature).
+- `min_tokens`, `repetition_penalty` and `stop_token_ids` (vLLM extensions) are honoured, and logprobs
+  are of the processed distribution (stop tokens masked, penalty applied, then temperature). A stop token
+  id is kept in `token_ids` and left out of the text, as in vLLM.
 - `stream: true` (chat and completions) sends server-sent events token by token as the engine decodes
   them (grpokit.inference.server.stream); a client that hangs up cancels its request on the engine.
-- `POST /inference/v1/generate` takes and returns token ids only, in the shape of vLLM's
-  (`token_ids`, `sampling_params` -> `request_id`, `choices[].token_ids`, `.logprobs.content`), so one
-  client serves vLLM and grpokit alike; errors in `sampling_params` name the field without the prefix.
+- `POST /inference/v1/generate` takes and returns token ids only, in the shape of vLLM's, as verifiers'
+  train client (renderers.client.generate) reads it: `token_ids`, `sampling_params` -> `request_id`,
+  `choices[].token_ids`, `.logprobs.content[i] = {token: "token_id:<id>", token_id, logprob, bytes: null,
+  top_logprobs}`, `.finish_reason`, `usage`; so one client serves vLLM and grpokit alike. Sampling
+  params grpokit cannot honour that change what is sampled are refused; vLLM's that only shape text
+  (`skip_special_tokens`, ...) and unknown ones are ignored, as vLLM ignores unknown ones. Errors in
+  `sampling_params` name the field without the prefix.
 - A published step whose files cannot be read (a truncated adapter) is logged with its path and the
   engine serves on with the weights it holds; `GET /v1/weights` answers that error (500).
 - No tools, presence/frequency penalties, logit bias, echo or best_of: a non-default value
@@ -47,11 +52,13 @@ from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.inference import InferenceEngine
-from grpokit.inference.server.answers import Answers, finish_reason
+from grpokit.inference.server.answers import Answers, finish_reason, generate_logprobs
+from grpokit.inference.server.answers import usage as usage_of
 from grpokit.inference.server.asgi import OpenAIServer
 from grpokit.inference.server.generation import RequestSampler, fast_path
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import (
+    GENERATE_UNSUPPORTED,
     PromptBudget,
     RequestError,
     SamplingRequest,
@@ -177,6 +184,7 @@ class OpenAIApp:
         check_rows(len(prompts), params.n, self.limits.max_rows)
         self.budget.check_prompts(prompts, self.vocab_size)
         self.check_max_tokens(max_tokens)
+        self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict | None:
             ids = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]  # as vLLM: specials added
@@ -189,7 +197,7 @@ class OpenAIApp:
                 for c in group:
                     choice = {
                         "index": len(choices),
-                        "text": self.answers.text(c, params.stop),
+                        "text": self.answers.text(c, params.stop, params.stop_token_ids),
                         "logprobs": None,
                         "finish_reason": finish_reason(c),
                     }
@@ -215,6 +223,7 @@ class OpenAIApp:
         usage = parse_stream(body)
         self.budget.check_messages(messages)
         self.check_max_tokens(max_tokens)
+        self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict | None:
             prompt = self.sampler.render(messages, template_kwargs)
@@ -224,7 +233,7 @@ class OpenAIApp:
                 return stream.finish([group])
             choices = []
             for i, c in enumerate(group):
-                message = {"role": "assistant", "content": self.answers.text(c, params.stop)}
+                message = {"role": "assistant", "content": self.answers.text(c, params.stop, params.stop_token_ids)}
                 choice = {"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason(c)}
                 if params.logprobs:
                     choice["logprobs"] = {
@@ -241,20 +250,35 @@ class OpenAIApp:
         return OnEngine(work, stream=usage is not None)
 
     def generate(self, body: dict) -> OnEngine:
-        """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`): `{token_ids, sampling_params,
-        model?, request_id?}` -> `{request_id, choices: [{index, token_ids, logprobs: {content} | null,
-        finish_reason}], prompt_logprobs: null}`, plus grpokit's `weight_step`. No text on either side."""
+        """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`), as verifiers' train client
+        (renderers.client.generate) calls it: `{token_ids, sampling_params, model?, request_id?,
+        return_token_ids?}` -> `{request_id, model, created, choices: [{index, token_ids, logprobs:
+        {content} | null, finish_reason}], usage, prompt_logprobs: null, prompt_token_ids}`, plus grpokit's
+        `weight_step`. No text on either side: each logprob names its token `token_id:<id>`."""
         prompt = parse_token_ids(body, "token_ids")
         if field(body, "stream", bool, False):
             raise RequestError("stream is not supported on /inference/v1/generate", "stream")
+        for name in ("features", "content_parts"):  # multimodal inputs: grpokit's engines are text-only
+            if body.get(name):
+                raise RequestError(f"{name}: this server's model takes token ids only (no multimodal inputs)", name)
+        if field(body, "output_mode", str, "tokens") != "tokens":
+            raise RequestError("output_mode must be tokens: this endpoint returns no text", "output_mode")
+        field(body, "priority", int)  # vLLM's scheduling priority: one FIFO queue here, so only its type counts
+        field(body, "cache_salt", str)  # no prefix cache to salt
         sampling = field(body, "sampling_params", dict, {})
-        logprobs = self.top_logprobs_field(sampling, "logprobs")
-        max_tokens = field(sampling, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(sampling, max_tokens, logprobs is not None, self.limits, logprobs or 0)
+        for name, off in GENERATE_UNSUPPORTED.items():
+            if sampling.get(name) is not None and sampling[name] not in off:
+                raise RequestError(f"sampling_params.{name} is not supported by this server", name)
+        k = self.top_logprobs_field(sampling, "logprobs", sampled_first=True)
+        engine_k = k if k is not None and k >= 2 else 0  # the sampled token, then the engine's top k less it
+        max_tokens = field(sampling, "max_tokens", int, None, lambda v: v >= 1, ">= 1")  # null: the rest of the context
+        params = SamplingRequest.parse(sampling, max_tokens, k is not None, self.limits, engine_k)
         request_id = field(body, "request_id", str, None) or uuid.uuid4().hex
+        return_prompt = field(body, "return_token_ids", bool, False)
         check_rows(1, params.n, self.limits.max_rows)
         self.budget.check_prompts([prompt], self.vocab_size, "token_ids")
         self.check_max_tokens(max_tokens)
+        self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict:
             group = self.sampler.sample([prompt], params, "token_ids", call)[0]
@@ -263,31 +287,44 @@ class OpenAIApp:
                     "index": i,
                     "token_ids": c.token_ids,
                     "logprobs": (
-                        {"content": self.answers.chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs)}
-                        if params.logprobs
+                        {"content": generate_logprobs(c.token_ids, c.logprobs, c.top_logprobs, k)}
+                        if k is not None
                         else None
                     ),
                     "finish_reason": finish_reason(c),
                 }
                 for i, c in enumerate(group)
             ]
-            weight_step = min(c.policy_step for c in group)
-            return {"request_id": request_id, "choices": choices, "prompt_logprobs": None, "weight_step": weight_step}
+            return {
+                "request_id": request_id,
+                "model": self.model_name,
+                "created": int(time.time()),
+                "choices": choices,
+                "usage": usage_of([prompt], [group]),
+                "prompt_logprobs": None,
+                "prompt_token_ids": prompt if return_prompt else None,
+                "weight_step": min(c.policy_step for c in group),
+            }
 
         return OnEngine(work)
 
-    def top_logprobs_field(self, body: dict, name: str) -> int | None:
+    def top_logprobs_field(self, body: dict, name: str, sampled_first: bool = False) -> int | None:
         """How many top logprobs a request asks for in `name` (null when absent), within
-        server.limits.max_top_logprobs and what the engine can report."""
+        server.limits.max_top_logprobs and what the engine can report. `sampled_first`: the first of
+        the k shown is the sampled token (generate, as vLLM), so only k >= 2 needs the engine's top ones."""
         limit = self.limits.max_top_logprobs
         k = field(body, name, int, None, lambda v: 0 <= v <= limit, f"in [0, {limit}] (server.limits.max_top_logprobs)")
-        if k and not self.engine.reports_top_logprobs:
+        if k and (k >= 2 or not sampled_first) and not self.engine.reports_top_logprobs:
             raise RequestError(
                 f"{name}={k}: this server's engine ({type(self.engine).__name__}{fast_path(self.engine)}) reports "
-                "only the sampled token's logprob; ask for 0",
+                f"only the sampled token's logprob; ask for {1 if sampled_first else 0}",
                 name,
             )
         return k
+
+    def check_stop_token_ids(self, ids: list[int]) -> None:
+        if any(t >= self.vocab_size for t in ids):
+            raise RequestError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")
 
     def check_max_tokens(self, max_tokens: int | None) -> None:
         """max_tokens alone against the context (a prompt has at least one token), before any work."""

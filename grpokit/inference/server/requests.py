@@ -9,6 +9,7 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from grpokit.inference.server.limits import ServerLimits
@@ -25,6 +26,21 @@ UNSUPPORTED = {
     "min_p": (0,),
     "tools": ([],),
     "response_format": ({"type": "text"},),
+}
+# vLLM SamplingParams fields that change what /inference/v1/generate samples and that grpokit's engines do
+# not do: a value other than these (vLLM's defaults) is refused. `()`: any value but null is.
+GENERATE_UNSUPPORTED = {
+    "ignore_eos": (False,),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    "structured_outputs": (),
+    "prompt_logprobs": (),
+    "logprob_token_ids": (),
+    "prompt_logprob_token_ids": (),
+    "truncate_prompt_tokens": (),
+    "thinking_token_budget": (),
+    "trace_decode_token_ids": (),
+    "repetition_detection": (),
 }
 TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
 
@@ -109,6 +125,7 @@ class SamplingRequest:
     min_tokens: int = 0
     repetition_penalty: float = 1.0
     top_logprobs: int = 0
+    stop_token_ids: list[int] = dataclass_field(default_factory=list)
 
     @classmethod
     def parse(
@@ -139,7 +156,19 @@ class SamplingRequest:
             ),
             repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
             top_logprobs=top_logprobs,
+            stop_token_ids=parse_stop_token_ids(body),
         )
+
+
+def parse_stop_token_ids(body: dict) -> list[int]:
+    """`stop_token_ids` (vLLM's extension): token ids that end a completion besides EOS, each once, in order
+    (the app checks them against the vocabulary)."""
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+        raise RequestError("stop_token_ids must be an array of token ids (integers >= 0)", "stop_token_ids")
+    return list(dict.fromkeys(ids))
 
 
 def parse_stop(body: dict, limits: ServerLimits) -> list[str]:

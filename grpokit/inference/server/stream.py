@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from grpokit.inference import Completion, NewTokens
 from grpokit.inference.server.answers import Answers, finish_reason, new_id, usage
@@ -105,10 +105,15 @@ class AnswerStream:
         logprobs: bool,
         return_token_ids: bool,
         include_usage: bool,
+        stop_token_ids: Collection[int] = (),
     ) -> None:
         self.answers, self.emit, self.prompts, self.n, self.stop = answers, emit, prompts, n, stop
         self.logprobs, self.return_token_ids, self.include_usage = logprobs, return_token_ids, include_usage
-        self.deltas = [TextDeltas(answers.decode, stop) for _ in range(len(prompts) * n)]
+        self.stop_token_ids = frozenset(stop_token_ids)
+        decode = answers.decode
+        if self.stop_token_ids:  # a stop token id ends its completion: its text is no part of the answer's
+            decode = lambda ids: answers.decode([t for t in ids if t not in self.stop_token_ids])  # noqa: E731
+        self.deltas = [TextDeltas(decode, stop) for _ in range(len(prompts) * n)]
         self.base: dict = {}
 
     def start(self, weight_step: int) -> None:
@@ -131,7 +136,8 @@ class AnswerStream:
         """After the engine: each choice's rest of text and finish reason, then the usage chunk."""
         chunks = []
         for i, c in enumerate(c for group in groups for c in group):
-            chunk = self.last_chunk(i, self.deltas[i].rest(self.answers.text(c, self.stop)), finish_reason(c))
+            text = self.answers.text(c, self.stop, self.stop_token_ids)
+            chunk = self.last_chunk(i, self.deltas[i].rest(text), finish_reason(c))
             chunks.append(sse({**self.base, "choices": [chunk]}))
         if self.include_usage:
             chunks.append(sse({**self.base, "choices": [], "usage": usage(self.prompts, groups)}))
