@@ -21,6 +21,7 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.cli.checks import check_recipe, fill_seeds
 from grpokit.cli.component_args import reset_carried_init_args
+from grpokit.cli.env_args import reset_carried_env_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
 from grpokit.inference import InferenceEngine
@@ -72,6 +73,7 @@ class GrpoCLI(LightningCLI):
         sub = self.config.get("subcommand")
         config, subparser = (self.config[sub], self._subcommand_parsers[sub]) if sub else (self.config, parser)
         reset_carried_init_args(args, config, subparser.get_defaults())
+        reset_carried_env_args(args, config)
         if self.resolve_only:
             fill_seeds(config)  # what the run will use: a sweep and a replay compare resolved recipes
             raise _Resolved(subparser.dump(config, skip_unset=False, skip_default=False, with_comments=False))

@@ -1,0 +1,46 @@
+"""An environment swapped on the command line starts from its own args (grpokit.cli.env_args), through
+the real recipe parser."""
+
+import pytest
+
+from grpokit.cli.env_args import reset_carried_env_args
+
+
+@pytest.mark.unit
+def test_swapped_environment_drops_the_args_of_the_one_it_replaced(tmp_path, capsys):
+    from jsonargparse import Namespace
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  env:\n    - id: reverse-text\n      args: {min_words: 1}\n")
+
+    def parsed(env_id, args):
+        return Namespace(data=Namespace(env=[Namespace(id=env_id, args=dict(args))]))
+
+    swapped = parsed("guess-number", {"min_words": 1})  # what jsonargparse's element merge gives
+    notes = reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: guess-number}]"], swapped)
+    assert swapped.data.env[0].args == {} and "guess-number" in notes[0] and "min_words" in capsys.readouterr().err
+    kept = parsed("guess-number", {"num_tasks": 5})  # args given with the new id are the user's
+    assert not reset_carried_env_args(
+        ["--config", str(recipe), "--data.env", "[{id: guess-number, args: {num_tasks: 5}}]"], kept
+    )
+    assert kept.data.env[0].args == {"num_tasks": 5}
+    same = parsed("reverse-text", {"min_words": 1})  # the same id again keeps the recipe's args
+    assert not reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: reverse-text}]"], same)
+
+
+def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "grpokit", "fit", "--config", str(repo / "recipes/reverse_text.yaml")]
+        + ["--data.env", "[{id: guess-number}]", "--print_config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "min_words" not in out.stdout and "replaced an earlier environment" in out.stderr
