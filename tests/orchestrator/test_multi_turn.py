@@ -128,6 +128,14 @@ def _check_token_faithful(model_path: str, rollouts, tokenizer) -> None:
         trainer = packed_token_logprobs(model, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, 1.0)
     error = mismatch_metrics(trainer, mb.inference_logprobs_T, mb.loss_mask_T)["token_mult_prob_error"]
     assert abs(float(error) - 1) < 1e-4
+    # the trainer's shared-prefix path (a trie over the conversations: they share the prompt, and
+    # rollouts of one group may share whole turns) reads the same logprobs on the trained tokens
+    with torch.no_grad():
+        shared = packed_token_logprobs(
+            model, mb.input_ids_T, mb.position_ids_T, mb.seq_lens_N, 1.0, share_prefixes=True
+        )
+    trained = mb.loss_mask_T > 0
+    assert torch.allclose(shared[trained], trainer[trained], atol=1e-5)
 
 
 def _runs(mask: list[int], value: int) -> list[tuple[int, int]]:
