@@ -14,6 +14,10 @@ members, found by name like `step_rewards` (grpokit.orchestrator.environment):
     max_turns: the most assistant turns of a rollout (else data.max_turns).
     tool_timeout: seconds a tool may run (else 10).
 
+A verifiers Task with `toolsets` (or whose Taskset has them) is multi-turn too: their `@vf.tool` methods
+are tools like `tools`, called in this process (grpokit.orchestrator.toolsets); the Example carries
+their ToolSource, and the rollout's toolsets are set up at its first tool call.
+
 Every assistant turn's tokens are the engine's; every environment token is rendered from the
 environment's messages alone (grpokit.orchestrator.chat_tokens) and has mask 0, logprob 0.
 """
@@ -26,6 +30,7 @@ from typing import Any
 
 from grpokit.inference import Completion
 from grpokit.orchestrator.tools import ToolResult, parse_tool_calls, run_tool_calls
+from grpokit.orchestrator.toolsets import SETUP_TIMEOUT
 
 DEFAULT_TOOL_TIMEOUT = 10.0
 
@@ -60,6 +65,7 @@ class Conversation:
     tool_errors: int = 0
     tool_timeouts: int = 0
     env_time: float = 0.0
+    toolsets: Any = None  # the rollout's verifiers toolsets (RolloutToolsets), from its first tool call on
     done: bool = False
     is_truncated: bool = False
 
@@ -97,9 +103,10 @@ class Conversation:
         }
 
 
-def is_multi_turn(task: Any) -> bool:
-    """Whether a task takes part in a conversation (has tools or a respond method)."""
-    return bool(getattr(task, "tools", None)) or callable(getattr(task, "respond", None))
+def is_multi_turn(task: Any, toolsets: Any = None) -> bool:
+    """Whether a task takes part in a conversation: it has tools, a respond method, or verifiers
+    toolsets (`toolsets`: its Example's ToolSource)."""
+    return bool(getattr(task, "tools", None)) or callable(getattr(task, "respond", None)) or toolsets is not None
 
 
 def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
@@ -111,10 +118,12 @@ def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
     task, start = conv.example.task, time.perf_counter()
     try:
         tools = {fn.__name__: fn for fn in getattr(task, "tools", None) or []}
-        calls = parse_tool_calls(conv.messages[-1]["content"]) if tools else []
+        source = getattr(conv.example, "toolsets", None)
+        calls = parse_tool_calls(conv.messages[-1]["content"]) if tools or source else []
         if calls and last_turn:
             return EnvTurn(done=True)
         if calls:
+            tools.update(_toolset_tools(conv, source))
             results = run_tool_calls(tools, calls, float(getattr(task, "tool_timeout", DEFAULT_TOOL_TIMEOUT)))
             _count(conv, results)
             return EnvTurn(messages=[{"role": "tool", "content": r.content} for r in results])
@@ -131,6 +140,22 @@ def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
         return as_env_turn(answer, conv)
     finally:
         conv.env_time += time.perf_counter() - start
+
+
+def _toolset_tools(conv: Conversation, source: Any) -> dict[str, Any]:
+    """The rollout's verifiers toolset tools, its toolsets set up at the first call; a setup that raises
+    or hangs stops the run naming the environment, as a `respond` that raises does."""
+    if source is None:
+        return {}
+    if conv.toolsets is None:
+        try:
+            conv.toolsets = source.open(conv.example.task)
+        except Exception as e:
+            raise ValueError(
+                f"environment {conv.env.name!r} example {conv.example.index}: setting up its verifiers toolsets "
+                f"failed ({type(e).__name__}: {e}); setup and setup_task may take {SETUP_TIMEOUT:g} s"
+            ) from e
+    return conv.toolsets.tools
 
 
 def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.orchestrator.toolsets import tool_sources
+
 MAX_ABS_REWARD = 1e6
 
 
@@ -57,11 +59,13 @@ class EnvSpec:
 
 @dataclass
 class Example:
-    """One prompt of an environment: its chat messages and the verifiers task that scores replies."""
+    """One prompt of an environment: its chat messages, the verifiers task that scores replies, and where
+    its verifiers toolsets come from (grpokit.orchestrator.toolsets.ToolSource; None without any)."""
 
     index: int
     messages: list[dict[str, str]]
     task: Any
+    toolsets: Any = None
 
 
 class Environment:
@@ -70,7 +74,12 @@ class Environment:
     def __init__(self, spec: EnvSpec) -> None:
         self.spec = spec
         self.name = spec.name or spec.id
-        self.examples = [Example(i, prompt_messages(task.data), task) for i, task in enumerate(load_taskset(spec))]
+        taskset = load_taskset(spec)
+        tasks = list(taskset)
+        self.examples = [
+            Example(i, prompt_messages(task.data), task, source)
+            for i, (task, source) in enumerate(zip(tasks, tool_sources(taskset, tasks)))
+        ]
         if not self.examples:
             raise ValueError(f"environment {spec.id!r} has no examples with args {spec.args}")
 
@@ -84,11 +93,15 @@ class Environment:
         return self._score_traces(examples, [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)])
 
     def score_conversations(
-        self, examples: list[Example], chats: list[list[dict[str, Any]]]
+        self, examples: list[Example], chats: list[list[dict[str, Any]]], states: list | None = None
     ) -> list[tuple[float, dict[str, float]]]:
         """Reward each multi-turn rollout's whole chat (the prompt's messages, then the replies and the
-        environment's messages) with the taskset's rubric, checked like `score`."""
-        traces = [make_chat_trace(ex.task, chat, len(ex.messages)) for ex, chat in zip(examples, chats)]
+        environment's messages) with the taskset's rubric, checked like `score`. `states`: each rollout's
+        verifiers State (its toolsets'), the rubric's `trace.state`; None for a fresh one."""
+        states = states or [None] * len(chats)
+        traces = [
+            make_chat_trace(ex.task, chat, len(ex.messages), state) for ex, chat, state in zip(examples, chats, states)
+        ]
         return self._score_traces(examples, traces)
 
     def _score_traces(self, examples: list[Example], traces: list) -> list[tuple[float, dict[str, float]]]:
@@ -161,7 +174,7 @@ class UnscoredEnvironment(Environment):
         return [(0.0, {}) for _ in replies]
 
     def score_conversations(
-        self, examples: list[Example], chats: list[list[dict[str, Any]]]
+        self, examples: list[Example], chats: list[list[dict[str, Any]]], states: list | None = None
     ) -> list[tuple[float, dict[str, float]]]:
         return [(0.0, {}) for _ in chats]
 
@@ -274,13 +287,15 @@ def checked_trace_class() -> type:
     return CheckedTrace
 
 
-def make_chat_trace(task: Any, chat: list[dict[str, Any]], num_prompt_messages: int = 0):
+def make_chat_trace(task: Any, chat: list[dict[str, Any]], num_prompt_messages: int = 0, state: Any = None):
     """A finished verifiers Trace of a whole conversation: one message node per message, each the
     child of the one before; the assistant messages after the prompt's are marked sampled (a prompt's
-    few-shot replies are not the model's)."""
+    few-shot replies are not the model's). `state`: the rollout's verifiers State (else a fresh one of
+    the task's State type, as verifiers starts a rollout with)."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.graph import MessageNode
+    from verifiers.v1.state import state_cls
     from verifiers.v1.trace import AgentInfo, TraceTask
 
     kinds = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
@@ -296,6 +311,7 @@ def make_chat_trace(task: Any, chat: list[dict[str, Any]], num_prompt_messages: 
         task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
         agent=AgentInfo(config=AgentConfig(model="grpokit")),
         nodes=nodes,
+        state=state if state is not None else state_cls(type(task))(),
         is_completed=True,
         ok=True,
     )

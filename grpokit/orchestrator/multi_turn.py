@@ -21,6 +21,7 @@ from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.chat_tokens import ChatTokens
 from grpokit.orchestrator.conversation import Conversation, environment_turn
 from grpokit.orchestrator.environment import Environment, Example
+from grpokit.orchestrator.toolsets import close_toolsets
 from grpokit.types import Rollout
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,19 @@ def generate_conversations(
     active = [c for g in groups for c in g]
     replies = [c for comps in completions for c in comps]
     turn = 0
-    while active:
-        for conv, completion in zip(active, replies):
-            _take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
-        active = [c for c in active if not c.done]
-        if not active:
-            break
-        turn += 1
-        seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + turn
-        out = engine.generate([c.prompt_ids + c.ids for c in active], 1, replace(sampling, seed=seed))
-        replies = [comps[0] for comps in out]
+    try:
+        while active:
+            for conv, completion in zip(active, replies):
+                _take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
+            active = [c for c in active if not c.done]
+            if not active:
+                break
+            turn += 1
+            seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + turn
+            out = engine.generate([c.prompt_ids + c.ids for c in active], 1, replace(sampling, seed=seed))
+            replies = [comps[0] for comps in out]
+    finally:  # the rollouts' own verifiers toolsets end with them (their State is kept for scoring)
+        close_toolsets([c for g in groups for c in g])
     return groups
 
 
@@ -88,7 +92,9 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
     out = []
     for g, group in enumerate(groups):
         env, ex = group[0].env, group[0].example
-        scores = env.score_conversations([c.example for c in group], [c.messages for c in group])
+        states = [c.toolsets.state if c.toolsets is not None else None for c in group]
+        given = {"states": states} if any(s is not None for s in states) else {}  # the toolsets' State
+        scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **given)
         rollouts = []
         for conv, (reward, metrics) in zip(group, scores):
             _mask_nonfinite(conv, metrics)

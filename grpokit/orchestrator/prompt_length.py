@@ -22,8 +22,13 @@ log = logging.getLogger(__name__)
 
 def prompt_token_ids(tokenizer, example: Example) -> list[int]:
     """The token ids the engine is given for `example`: its messages in the chat template, ready for
-    the assistant's turn."""
-    return tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    the assistant's turn; with its verifiers toolsets' schemas for a template that lists tools (as
+    verifiers shows them to the model; a template without tool support ignores them)."""
+    source = getattr(example, "toolsets", None)
+    tools = source.schemas if source is not None and source.schemas else None
+    return tokenizer.apply_chat_template(
+        example.messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def prompt_token_limit(max_tokens: int, seq_len: int, context: int | None, max_prompt_tokens: int | None) -> int:

@@ -52,7 +52,7 @@ def generate_rollouts(
         return []
     if prompt_ids is None:
         prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
-    multi = [i for i, (_, ex) in enumerate(prompts) if is_multi_turn(ex.task)]
+    multi = [i for i, (_, ex) in enumerate(prompts) if is_multi_turn(ex.task, getattr(ex, "toolsets", None))]
     if multi:
         return _with_conversations(
             engine, tokenizer, prompts, prompt_ids, multi, rollouts_per_example, sampling, first_group_id, turns

@@ -15,13 +15,19 @@ docstring through transformers' `get_json_schema` (Google-style "Args:" docstrin
 Timeouts run the tool in a worker thread and stop waiting after `timeout` seconds; Python cannot kill a
 thread, so a tool that never returns keeps a worker busy (the pool has `max_workers` of them). Tools
 that may hang for good should bound themselves (a subprocess with its own timeout).
+
+An `async def` tool runs as a task on one event loop per process (`tool_loop`, a daemon thread), where
+a timeout cancels it; it must not block that loop (no `time.sleep`, no blocking I/O).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import inspect
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +35,8 @@ from typing import Any
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpokit-tool")
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut here so one call cannot fill the sequence budget
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
 
 
 @dataclass
@@ -80,8 +88,41 @@ def _call(data) -> ToolCall:
 
 def run_tool_calls(tools: dict[str, Callable[..., Any]], calls: list[ToolCall], timeout: float) -> list[ToolResult]:
     """Run each call (concurrently, each with `timeout` seconds) and return its result message text."""
-    futures = [_POOL.submit(tools[c.name], **c.arguments) if _callable(tools, c) else None for c in calls]
+    futures = [_submit(tools[c.name], c.arguments) if _callable(tools, c) else None for c in calls]
     return [_result(tools, call, future, timeout) for call, future in zip(calls, futures)]
+
+
+def tool_loop() -> asyncio.AbstractEventLoop:
+    """The event loop that async tools (and verifiers Toolsets' setup and teardown) run on: one per
+    process, running in a daemon thread from the first use on."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="grpokit-tool-loop", daemon=True).start()
+        return _LOOP
+
+
+def run_async(coroutine, timeout: float | None = None) -> Any:
+    """Run a coroutine on the tool loop and wait for its result; past `timeout` seconds it is cancelled
+    and TimeoutError raised."""
+    future = asyncio.run_coroutine_threadsafe(coroutine, tool_loop())
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise
+
+
+def _submit(fn: Callable[..., Any], arguments: dict[str, Any]) -> concurrent.futures.Future:
+    """A call's future: an async tool as a task on the tool loop, any other in the thread pool."""
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run_coroutine_threadsafe(_awaited(fn, arguments), tool_loop())
+    return _POOL.submit(fn, **arguments)
+
+
+async def _awaited(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    return await fn(**arguments)  # inside the task, so bad arguments fail as the tool's error
 
 
 def _callable(tools: dict[str, Callable[..., Any]], call: ToolCall) -> bool:
@@ -96,6 +137,7 @@ def _result(tools, call: ToolCall, future, timeout: float) -> ToolResult:
     try:
         value = future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
+        future.cancel()  # cancels an async tool's task; a thread already running cannot be stopped
         return ToolResult(call, f"Error: the tool {call.name!r} took longer than {timeout:g} s", "timeout")
     except Exception as e:  # the model sees the tool's error and may try again; the run goes on
         return ToolResult(call, f"Error: {type(e).__name__}: {e}"[:MAX_RESULT_CHARS], "error")
