@@ -406,3 +406,26 @@ def serving(model: str, broadcast=None, model_name: str = "tiny"):
         yield engine, server
     finally:
         server.close()
+
+
+class ToolReplyTask:
+    """A multi-turn task for tests: answers each reply with a numbered tool message (turn reward 0.5)
+    until `max_turns` replies, whatever the model wrote (a random model writes no tool calls)."""
+
+    max_turns = 3
+
+    def respond(self, messages, state):
+        from grpokit.orchestrator.conversation import EnvTurn
+
+        state["n"] = state.get("n", 0) + 1
+        return EnvTurn(messages=[{"role": "tool", "content": f"result {state['n']}"}], reward=0.5)
+
+
+class ChatLengthEnv:
+    """An environment stand-in for tests of multi-turn rollouts: a conversation's reward is its number
+    of messages."""
+
+    name = "three-turn"
+
+    def score_conversations(self, examples, chats, states=None):
+        return [(float(len(chat)), {}) for chat in chats]

@@ -153,3 +153,18 @@ def test_train_bench_step_is_the_policys_training_step(tmp_path):
     after_bench, after_fit = adapter(bench), adapter(fit)
     assert any(not torch.equal(after_bench[k], before[k]) for k in before)  # the step trained the adapter
     assert all(torch.equal(after_bench[k], after_fit[k]) for k in before)  # the same operations, bit for bit
+
+
+def test_multiturn_bench_runs_both_variants_and_they_agree(tmp_path, tiny_model):
+    out = tmp_path / "m.json"
+    sizes = ["--conversations", "3", "--turns", "3", "--prompt-len", "6", "--new-tokens", "4", "--env-tokens", "5"]
+    assert main(["multiturn", "--model", tiny_model, *sizes, "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    first, *later = r["per_turn"]
+    assert first["on"]["reused_tokens"] == 0 and first["on"]["prefill_tokens"] == first["off"]["prefill_tokens"] == 18
+    for turn in later:
+        assert turn["same_tokens"] == "3/3" and turn["max_abs_logprob_diff"] < 1e-5
+        assert turn["on"]["prefill_tokens"] == 3 * (1 + 5)  # each reply's last token and the environment's
+        on, off = turn["on"], turn["off"]
+        assert on["prefill_tokens"] + on["reused_tokens"] == off["prefill_tokens"] == off["prompt_tokens"]
+    assert r["total"]["on"]["prefill_tokens"] < r["total"]["off"]["prefill_tokens"]

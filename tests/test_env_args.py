@@ -31,7 +31,6 @@ def test_swapped_environment_drops_the_args_of_the_one_it_replaced(tmp_path, cap
 def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
     import subprocess
     import sys
-
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]

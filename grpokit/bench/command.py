@@ -17,6 +17,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="grpokit bench", description=grpokit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="what", required=True)
+    _multiturn_args(sub.add_parser("multiturn", help="the builtin engine's prefix KV cache on and off, multi-turn"))
     for name in ("generate", "train", "step"):
         s = sub.add_parser(name)
         s.add_argument(
@@ -65,12 +66,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _multiturn(args: argparse.Namespace) -> dict:
+    from grpokit.bench import multi_turn
+
+    sizes = (args.conversations, args.turns, args.prompt_len, args.new_tokens, args.env_tokens, args.cache_tokens)
+    return multi_turn.run(
+        args.model, *sizes, args.dtype or "float32", args.device, repeats=args.repeats, threads=args.threads
+    )
+
+
+def _multiturn_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--model", default="smollm2-135m", help="a model name or path (real weights: setup loads it)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default=None, help="float32 (default) or bfloat16")
+    s.add_argument("--conversations", type=int, default=8)
+    s.add_argument("--turns", type=int, default=4)
+    s.add_argument("--prompt-len", type=int, default=32, help="tokens of each conversation's first prompt")
+    s.add_argument("--new-tokens", type=int, default=16, help="tokens sampled per conversation per turn")
+    s.add_argument("--env-tokens", type=int, default=20, help="environment tokens appended after each turn")
+    s.add_argument("--cache-tokens", type=int, default=8192, help="the cache variant's prefix_cache_tokens")
+    s.add_argument("--repeats", type=int, default=1, help="run the workload this often; median seconds per turn")
+    s.add_argument("--threads", type=int, default=None, help="torch threads (1 on a CPU shared with other jobs)")
+    s.add_argument("--json", default=None, help="also write the result to this file")
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    if args.what == "generate":
+    if args.what == "multiturn":
+        result = _multiturn(args)
+    elif args.what == "generate":
         from grpokit.bench import generate
 
         result = generate.run(

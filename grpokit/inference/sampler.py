@@ -19,6 +19,7 @@ import torch
 
 from grpokit.inference import NewTokens, SamplingSettings, ServingOptions
 from grpokit.inference.logits_processors import apply_min_tokens, apply_repetition_penalty, mark_seen, seen_tokens
+from grpokit.inference.prefix_cache import PrefixCache
 
 
 def scaled_logprobs(logits_BV: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -87,6 +88,7 @@ def sample_rows(
     decode=None,
     options: ServingOptions | None = None,
     first_index: int = 0,
+    prefix_cache: PrefixCache | None = None,
 ) -> list[Row]:
     """Sample one completion per prompt.
 
@@ -99,9 +101,11 @@ def sample_rows(
     `options` (a server's request): `top_logprobs` k adds each token's k likeliest alternatives from its
     logprob's distribution; `on_tokens` gets each step's new tokens (prompt i's as index first_index + i);
     `cancelled` stops the loop before the next step, rows as they are. Without options, no cost.
+    `prefix_cache`: prompts extending a cached sequence prefill only their new tokens, and each finished
+    row's keys and values are kept for later prompts (grpokit.inference.prefix_cache).
     """
     device = next(model.parameters()).device
-    input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefill(model, prompts, pad_token_id, device)
+    input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefill(model, prompts, pad_token_id, device, prefix_cache)
     stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
     seen_BV = (
         seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None
@@ -119,7 +123,10 @@ def sample_rows(
         if seen_BV is not None:
             mark_seen(seen_BV, token_B)
         record(rows, live, token_B, logprob_B, top, stop_token_ids, sampling, decode, options, first_index)
-        if all(r.done for r in rows) or n == sampling.max_tokens - 1:  # no forward for a token never sampled
+        last = all(r.done for r in rows) or n == sampling.max_tokens - 1  # no forward for a token never sampled
+        if prefix_cache is not None:
+            keep_finished(prefix_cache, cache, mask_BP, prompts, rows, live, last)
+        if last:
             break
         if any(rows[i].done for i in live):  # drop finished rows: later steps compute only live completions
             rows_B = torch.tensor([j for j, i in enumerate(live) if not rows[i].done], device=device)
@@ -128,15 +135,27 @@ def sample_rows(
             seen_BV = seen_BV[rows_B] if seen_BV is not None else None
             live = [i for i in live if not rows[i].done]
         mask_BP = torch.cat([mask_BP, torch.ones((len(live), 1), dtype=mask_BP.dtype, device=device)], dim=1)
-        logits_BV = model(
-            input_ids=token_B[:, None],
-            attention_mask=mask_BP,
-            position_ids=next_pos_B1,
-            **cache_kwarg(model, cache),
-            use_cache=True,
-        ).logits[:, -1]
+        logits_BV = decode_step(model, cache, token_B, mask_BP, next_pos_B1)
         next_pos_B1 = next_pos_B1 + 1
     return rows
+
+
+def keep_finished(prefix_cache: PrefixCache, cache, mask_BP, prompts, rows: list[Row], live: list[int], last: bool):
+    """Hand the prefix cache the rows that finished this step (all live ones at the last step), each with
+    the tokens it has fed the model: its prompt and all of its completion but the last token."""
+    ended = [(j, [*prompts[i], *rows[i].token_ids[:-1]]) for j, i in enumerate(live) if last or rows[i].done]
+    prefix_cache.keep(cache, mask_BP, ended)
+
+
+def decode_step(model: torch.nn.Module, cache, token_B, mask_BP, next_pos_B1) -> torch.Tensor:
+    """Feed each row's newest token: logits_BV of the next one."""
+    return model(
+        input_ids=token_B[:, None],
+        attention_mask=mask_BP,
+        position_ids=next_pos_B1,
+        **cache_kwarg(model, cache),
+        use_cache=True,
+    ).logits[:, -1]
 
 
 def next_tokens(logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, top_k: int):
@@ -191,38 +210,59 @@ def record(
         on_tokens(new)
 
 
-def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_token_id: int, device):
+def prefill(
+    model: torch.nn.Module, prompts: list[list[int]], pad_token_id: int, device, prefix_cache: PrefixCache | None = None
+):
     """Run the prompts through the model once, left-padded: (input_ids_BP, mask_BP, positions_BP, KV
     cache, last-position logits_BV).
 
     Each distinct prompt is computed once and its cache rows copied to its repeats (a GRPO batch is G
     copies of each prompt); the LM head runs on the last position only (`logits_to_keep=1`). Both are
     exact: the rows of a repeated prompt are the same numbers.
+
+    With a `prefix_cache` (grpokit.inference.prefix_cache.PrefixCache), a prompt's first k tokens that
+    are cached are not run: row i is [C - k_i holes, its k_i cached tokens | N - n_i holes, its n_i new
+    tokens], C = max k_i, N = max n_i, the first C columns' keys and values taken from the cache, holes
+    masked like padding; the P = C + N columns of the returned tensors describe the whole row. Without
+    a hit (C = 0) this is the plain left-padded prefill.
     """
     from transformers import DynamicCache
 
     rows: dict[tuple[int, ...], int] = {}
     row_B = torch.tensor([rows.setdefault(tuple(ids), len(rows)) for ids in prompts], device=device)
     distinct = [list(ids) for ids in rows]
-    u, p = len(distinct), max(len(x) for x in distinct)
-    input_ids_UP = torch.full((u, p), pad_token_id, dtype=torch.long, device=device)
-    mask_UP = torch.zeros((u, p), dtype=torch.long, device=device)
-    for i, ids in enumerate(distinct):
-        input_ids_UP[i, p - len(ids) :] = torch.tensor(ids, device=device)
-        mask_UP[i, p - len(ids) :] = 1
-    positions_UP = (mask_UP.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
+    hits = [prefix_cache.lookup(ids) for ids in distinct] if prefix_cache is not None else [(0, None)] * len(rows)
+    c = max(k for k, _ in hits)
+    n = max(len(ids) - k for ids, (k, _) in zip(distinct, hits))
+    layouts = [row_layout(ids, k, c, n, pad_token_id) for ids, (k, _) in zip(distinct, hits)]
+    input_ids_UP, mask_UP, positions_UP = (torch.tensor(x, dtype=torch.long, device=device) for x in zip(*layouts))
+    if prefix_cache is not None:
+        prefix_cache.computed_tokens += sum(len(ids) - k for ids, (k, _) in zip(distinct, hits))
+        prefix_cache.reused_tokens += sum(k for k, _ in hits)
+    cache = prefix_cache.past(hits, c) if c else DynamicCache()
     logits_UV = model(
-        input_ids=input_ids_UP,
+        input_ids=input_ids_UP[:, c:],
         attention_mask=mask_UP,
-        position_ids=positions_UP,
+        position_ids=positions_UP[:, c:],
         **cache_kwarg(model, cache),
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
-    if u < len(prompts):
+    if len(distinct) < len(prompts):
         cache.reorder_cache(row_B)  # index_select along the batch: each prompt's rows to its repeats
     return input_ids_UP[row_B], mask_UP[row_B], positions_UP[row_B], cache, logits_UV[row_B]
+
+
+def row_layout(ids: list[int], k: int, c: int, n: int, pad_token_id: int) -> tuple[list[int], list[int], list[int]]:
+    """(input ids, mask, positions) of one prompt whose first k tokens are cached, in c + n columns:
+    [c - k holes, k cached | n - new holes, the new tokens]. Holes are padding (mask 0, position 0)."""
+    new = len(ids) - k
+    holes = [0] * (c - k), [0] * (n - new)
+    return (
+        [pad_token_id] * (c - k) + ids[:k] + [pad_token_id] * (n - new) + ids[k:],
+        holes[0] + [1] * k + holes[1] + [1] * new,
+        holes[0] + list(range(k)) + holes[1] + list(range(k, len(ids))),
+    )
 
 
 def stop_string_ended(row: Row, sampling: SamplingSettings, decode) -> bool:

@@ -13,12 +13,11 @@ import torch
 from grpokit.common.models import load_tokenizer
 from grpokit.inference import SamplingSettings
 from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.conversation import EnvTurn
 from grpokit.orchestrator.environment import Example
 from grpokit.orchestrator.packing import pack
 from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
 from grpokit.orchestrator.tools import parse_tool_calls, run_tool_calls
-from grpokit.testing import serving
+from grpokit.testing import ChatLengthEnv, ToolReplyTask, serving
 from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 
@@ -78,25 +77,8 @@ def test_tool_calls_parse_and_failures_become_messages():
     assert "TypeError" in results[3].content and "disk on fire" in results[4].content
 
 
-class _ThreeTurnTask:
-    """Answers each reply with a tool message, for two replies: a 3-turn rollout."""
-
-    max_turns = 3
-
-    def respond(self, messages, state):
-        state["n"] = state.get("n", 0) + 1
-        return EnvTurn(messages=[{"role": "tool", "content": f"result {state['n']}"}], reward=0.5)
-
-
-class _Env:
-    name = "three-turn"
-
-    def score_conversations(self, examples, chats):
-        return [(float(len(chat)), {}) for chat in chats]
-
-
 def _three_turn_rollouts(engine, tokenizer):
-    env, example = _Env(), Example(0, [{"role": "user", "content": "hello there"}], _ThreeTurnTask())
+    env, example = ChatLengthEnv(), Example(0, [{"role": "user", "content": "hello there"}], ToolReplyTask())
     # a random model rarely samples EOS: stop on a common letter so that turns end with a stop string
     sampling = SamplingSettings(temperature=1.0, max_tokens=12, stop=["e"], seed=3)
     groups = generate_rollouts(engine, tokenizer, [(env, example)], 2, sampling, 0, turns=TurnLimits(8, 400))
@@ -173,7 +155,7 @@ def test_budget_ends_a_conversation_at_a_turn_boundary(tiny_model, tokenizer):
 
     engine = BuiltinEngine(device="cpu")
     engine.setup(tiny_model)
-    env, example = _Env(), Example(0, [{"role": "user", "content": "hi"}], _ThreeTurnTask())
+    env, example = ChatLengthEnv(), Example(0, [{"role": "user", "content": "hi"}], ToolReplyTask())
     sampling = SamplingSettings(temperature=1.0, max_tokens=12, stop=["e"], seed=3)
     prompt_len = len(ChatTokens(tokenizer).prompt(example.messages))
     budget = prompt_len + 12 + 10  # room for one turn, not for a tool message and a second turn
@@ -217,7 +199,7 @@ def test_mixed_single_and_multi_turn_prompts_keep_their_paths_and_order(tiny_mod
     engine = BuiltinEngine(device="cpu")
     engine.setup(tiny_model)
     single = Environment(EnvSpec(id="reverse-text"))
-    multi = (_Env(), Example(0, [{"role": "user", "content": "hi"}], _ThreeTurnTask()))
+    multi = (ChatLengthEnv(), Example(0, [{"role": "user", "content": "hi"}], ToolReplyTask()))
     sampling = SamplingSettings(temperature=1.0, max_tokens=12, stop=["e"], seed=3)
     prompts = [(single, single.examples[0]), multi, (single, single.examples[1])]
     groups = generate_rollouts(engine, tokenizer, prompts, 2, sampling, 10, turns=TurnLimits(8, 400))
@@ -233,9 +215,11 @@ def test_a_reply_cut_at_max_tokens_earns_a_zero_turn_reward_in_a_game(tiny_model
 
     engine = BuiltinEngine(device="cpu")
     engine.setup(tiny_model)
-    example = Example(0, [{"role": "user", "content": "hi"}], _ThreeTurnTask())
+    example = Example(0, [{"role": "user", "content": "hi"}], ToolReplyTask())
     sampling = SamplingSettings(temperature=1.0, max_tokens=2, seed=3)  # no stop: every reply is cut
-    (group,) = generate_rollouts(engine, tokenizer, [(_Env(), example)], 2, sampling, 0, turns=TurnLimits(8, 400))
+    (group,) = generate_rollouts(
+        engine, tokenizer, [(ChatLengthEnv(), example)], 2, sampling, 0, turns=TurnLimits(8, 400)
+    )
     for r in group:
         assert r.is_truncated and r.step_rewards == [0.0] and r.step_ends == [len(r.completion_ids) - 1]
 
