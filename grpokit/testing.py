@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 
 import torch
@@ -429,3 +430,48 @@ class ChatLengthEnv:
 
     def score_conversations(self, examples, chats, states=None):
         return [(float(len(chat)), {}) for chat in chats]
+
+
+def play(env, example, replies: list[str]):
+    """A multi-turn rollout without an engine: the model's `replies`, each answered by the environment's
+    turn (grpokit.orchestrator.conversation.environment_turn), until the environment ends the rollout."""
+    from grpokit.orchestrator.conversation import Conversation, environment_turn
+
+    conv = Conversation(env, example, [], [dict(m) for m in example.messages])
+    for reply in replies:
+        conv.messages.append({"role": "assistant", "content": reply})
+        turn = environment_turn(conv)
+        conv.turn_rewards.append(turn.reward)
+        if turn.done:
+            conv.done = True
+            break
+        conv.messages += turn.messages
+    return conv
+
+
+# a multi-turn game for end-to-end runs on the tiny random model: it rarely samples EOS, so replies stop
+# on a common letter and the game answers each one ("Reply with one number ...") for up to 3 turns
+MULTI_TURN_GAME_FLAGS = (
+    "--data.env",
+    "[{id: guess-number, args: {num_tasks: 50}}]",
+    "--data.sampling.stop",
+    "[e]",
+    "--data.max_turns",
+    "3",
+)
+
+
+def in_background(fn, *args) -> tuple[threading.Thread, list]:
+    """Run fn(*args) in a daemon thread; the list gets its result."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn(*args)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    """Poll `condition` every 10 ms until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
-from grpokit.orchestrator.conversation import Conversation, environment_turn, is_multi_turn
+from grpokit.orchestrator.conversation import is_multi_turn
 from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.testing import play
 
 pytestmark = pytest.mark.unit
 
@@ -49,20 +50,6 @@ def envs(site):
     for m in MODULES:  # not a built-in: verifiers' loader imported the page's own file
         assert Path(sys.modules[m].__file__).parent == site
     return loaded
-
-
-def play(env, example, replies):
-    """The model's `replies`, each answered by the environment's turn, until the environment ends the rollout."""
-    conv = Conversation(env, example, [], [dict(m) for m in example.messages])
-    for reply in replies:
-        conv.messages.append({"role": "assistant", "content": reply})
-        turn = environment_turn(conv)
-        conv.turn_rewards.append(turn.reward)
-        if turn.done:
-            conv.done = True
-            break
-        conv.messages += turn.messages
-    return conv
 
 
 def call(item: str) -> str:

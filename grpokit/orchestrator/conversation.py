@@ -24,6 +24,8 @@ environment's messages alone (grpokit.orchestrator.chat_tokens) and has mask 0, 
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +34,9 @@ from grpokit.inference import Completion
 from grpokit.orchestrator.tools import ToolResult, parse_tool_calls, run_tool_calls
 from grpokit.orchestrator.toolsets import SETUP_TIMEOUT
 
+log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0
+NONFINITE_LOGPROBS = "nonfinite_logprobs"  # the batch metric env/nonfinite_logprobs
 
 
 @dataclass
@@ -189,3 +193,23 @@ def _count(conv: Conversation, results: list[ToolResult]) -> None:
     conv.tool_calls += len(results)
     conv.tool_errors += sum(r.status == "error" for r in results)
     conv.tool_timeouts += sum(r.status == "timeout" for r in results)
+
+
+def masked_if_nonfinite(
+    logprobs: list[float], mask: list[int], metrics: dict[str, float], env_name: str, example_index: int
+) -> tuple[list[float], list[int], dict[str, float]]:
+    """A rollout's (logprobs, mask, metrics): as they are, or, when an engine logprob is NaN or infinite
+    (a numerics fault in the engine, or a server's bad answer), all 0 (not trained on) with the rollout
+    counted in metrics. Its reward is kept, so its group's baseline is unchanged. Single-turn and
+    multi-turn rollouts alike."""
+    if all(map(math.isfinite, logprobs)):
+        return logprobs, mask, metrics
+    log.warning(
+        "environment %r example %d: the engine returned %d non-finite logprobs of %d; the completion is masked "
+        "out of the loss",
+        env_name,
+        example_index,
+        sum(not math.isfinite(x) for x in logprobs),
+        len(logprobs),
+    )
+    return [0.0] * len(logprobs), [0] * len(logprobs), {**metrics, NONFINITE_LOGPROBS: 1.0}

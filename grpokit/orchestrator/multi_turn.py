@@ -13,19 +13,15 @@ sequence holds whole turns. A turn that hits max_tokens without a stop ends the 
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import replace
 
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.conversation import Conversation, environment_turn
+from grpokit.orchestrator.conversation import Conversation, environment_turn, masked_if_nonfinite
 from grpokit.orchestrator.environment import Environment, Example
 from grpokit.orchestrator.toolsets import close_toolsets
 from grpokit.types import Rollout
 
-log = logging.getLogger(__name__)
-NONFINITE_LOGPROBS = "nonfinite_logprobs"  # the metric single-turn rollouts use too (grpokit.orchestrator.rollouts)
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
 
 
@@ -93,13 +89,13 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
     for g, group in enumerate(groups):
         env, ex = group[0].env, group[0].example
         states = [c.toolsets.state if c.toolsets is not None else None for c in group]
-        given = {"states": states} if any(s is not None for s in states) else {}  # the toolsets' State
-        scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **given)
+        with_states = {"states": states} if any(s is not None for s in states) else {}  # the toolsets' State
+        scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **with_states)
         rollouts = []
         for conv, (reward, metrics) in zip(group, scores):
-            _mask_nonfinite(conv, metrics)
-            given = any(r is not None for r in conv.turn_rewards)
-            per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if given else None
+            logprobs, mask, metrics = masked_if_nonfinite(conv.logprobs, conv.mask, metrics, env.name, ex.index)
+            rewarded = any(r is not None for r in conv.turn_rewards)
+            per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if rewarded else None
             rollouts.append(
                 Rollout(
                     example_id=ex.index,
@@ -107,8 +103,8 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
                     group_id=first_group_id + g,
                     prompt_ids=conv.prompt_ids,
                     completion_ids=conv.ids,
-                    completion_logprobs=conv.logprobs,
-                    completion_mask=conv.mask,
+                    completion_logprobs=logprobs,
+                    completion_mask=mask,
                     reward=reward,
                     is_truncated=conv.is_truncated,
                     policy_step=min(conv.policy_steps),
@@ -121,17 +117,3 @@ def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int,
             )
         out.append(rollouts)
     return out
-
-
-def _mask_nonfinite(conv: Conversation, metrics: dict[str, float]) -> None:
-    """A conversation with a non-finite engine logprob keeps its reward (its group's baseline is
-    unchanged) but none of its tokens is trained on, as in single-turn rollouts (counted in metrics)."""
-    if all(map(math.isfinite, conv.logprobs)):
-        return
-    log.warning(
-        "environment %r example %d: non-finite engine logprobs; the conversation is masked out of the loss",
-        conv.env.name,
-        conv.example.index,
-    )
-    conv.logprobs, conv.mask = [0.0] * len(conv.ids), [0] * len(conv.ids)
-    metrics[NONFINITE_LOGPROBS] = 1.0

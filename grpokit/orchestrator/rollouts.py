@@ -8,21 +8,16 @@ its logprobs become 0 and its completion mask 0. It is logged and counted in the
 
 from __future__ import annotations
 
-import logging
-import math
 import sys
 from dataclasses import dataclass, replace
 
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
-from grpokit.orchestrator.conversation import is_multi_turn
+from grpokit.orchestrator.conversation import is_multi_turn, masked_if_nonfinite
 from grpokit.orchestrator.environment import Environment, Example
 from grpokit.orchestrator.multi_turn import conversation_rollouts, generate_conversations
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.steps import rollout_steps
 from grpokit.types import Rollout
-
-log = logging.getLogger(__name__)
-NONFINITE_LOGPROBS = "nonfinite_logprobs"
 
 
 @dataclass
@@ -120,22 +115,8 @@ def _with_conversations(
 
 
 def logprob_fields(completion: Completion, metrics: dict[str, float], env: Environment, example: Example) -> dict:
-    """The rollout's completion_logprobs, completion_mask and metrics: as sampled, or, when a logprob is
-    NaN or infinite, all 0 (not trained on) with the rollout counted in metrics."""
-    n = len(completion.token_ids)
-    if all(map(math.isfinite, completion.logprobs)):
-        return {"completion_logprobs": completion.logprobs, "completion_mask": [1] * n, "metrics": metrics}
-    bad = sum(not math.isfinite(x) for x in completion.logprobs)
-    log.warning(
-        "environment %r example %d: the engine returned %d non-finite "
-        "logprobs of %d; the completion is masked out of the loss",
-        env.name,
-        example.index,
-        bad,
-        n,
+    """The rollout's completion_logprobs, completion_mask and metrics (see masked_if_nonfinite)."""
+    logprobs, mask, metrics = masked_if_nonfinite(
+        completion.logprobs, [1] * len(completion.token_ids), metrics, env.name, example.index
     )
-    return {
-        "completion_logprobs": [0.0] * n,
-        "completion_mask": [0] * n,
-        "metrics": {**metrics, NONFINITE_LOGPROBS: 1.0},
-    }
+    return {"completion_logprobs": logprobs, "completion_mask": mask, "metrics": metrics}

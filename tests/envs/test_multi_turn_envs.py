@@ -4,21 +4,9 @@ Environment.score_conversations and the conversation's environment turn (no engi
 import pytest
 
 from grpokit.envs.calculator import calculator
-from grpokit.orchestrator.conversation import Conversation, environment_turn, is_multi_turn
+from grpokit.orchestrator.conversation import is_multi_turn
 from grpokit.orchestrator.environment import Environment, EnvSpec
-
-
-def conversation(env, example, replies_and_answers):
-    """Play `replies_and_answers` (the model's replies) against the environment; returns the chat."""
-    conv = Conversation(env, example, [], [dict(m) for m in example.messages])
-    for reply in replies_and_answers:
-        conv.messages.append({"role": "assistant", "content": reply})
-        turn = environment_turn(conv)
-        conv.turn_rewards.append(turn.reward)
-        if turn.done:
-            break
-        conv.messages += turn.messages
-    return conv
+from grpokit.testing import play
 
 
 @pytest.mark.unit
@@ -35,11 +23,11 @@ def test_calculator_rollout_calls_the_tool_and_is_scored():
     assert is_multi_turn(ex.task) and ex.messages[-1]["role"] == "user"
     a, op, b = ex.messages[-1]["content"].removeprefix("What is ").rstrip("?").split()
     call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a} {op} {b}"}}}}</tool_call>'
-    good = conversation(env, ex, [call, str(ex.task.data.answer)])
+    good = play(env, ex, [call, str(ex.task.data.answer)])
     assert good.messages[-2] == {"role": "tool", "content": str(ex.task.data.answer)} and good.tool_calls == 1
-    broken = conversation(env, ex, ['<tool_call>{"name": "calc"}</tool_call>', "12"])
+    broken = play(env, ex, ['<tool_call>{"name": "calc"}</tool_call>', "12"])
     assert broken.tool_errors == 1 and broken.messages[-2]["content"].startswith("Error: unknown tool")
-    no_tool = conversation(env, ex, [str(ex.task.data.answer)])
+    no_tool = play(env, ex, [str(ex.task.data.answer)])
     scores = env.score_conversations([ex] * 3, [good.messages, broken.messages, no_tool.messages])
     assert [round(r, 6) for r, _ in scores] == [1.2, 0.0, 1.0]
     assert [m["used_tool"] for _, m in scores] == [1.0, 1.0, 0.0]
@@ -49,12 +37,12 @@ def test_guess_number_gives_hints_and_rewards_fewer_guesses():
     env = Environment(EnvSpec(id="guess-number", args={"num_tasks": 20, "max_number": 10}))
     ex = next(e for e in env.examples if 3 <= e.task.data.secret <= 8)
     secret = ex.task.data.secret
-    conv = conversation(env, ex, ["1", "no idea", "10", str(secret)])
+    conv = play(env, ex, ["1", "no idea", "10", str(secret)])
     hints = [m["content"] for m in conv.messages if m["role"] == "user"][1:]
     assert hints == ["Higher.", "Reply with one number from 1 to 10.", "Lower."]
     assert conv.turn_rewards[1] == 0.0 and conv.turn_rewards[-1] == 1.0
-    first_try = conversation(env, ex, [str(secret)])
-    lost = conversation(env, ex, [str(secret - 1)] * 1)
+    first_try = play(env, ex, [str(secret)])
+    lost = play(env, ex, [str(secret - 1)] * 1)
     (r_slow, m_slow), (r_fast, _), (r_lost, m_lost) = env.score_conversations(
         [ex] * 3, [conv.messages, first_try.messages, lost.messages]
     )

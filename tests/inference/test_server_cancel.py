@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
-from grpokit.testing import serving
+from grpokit.testing import in_background, serving, wait_until
 
 PROMPT_IDS = [1, 520, 9531, 198]
 LONG = {"prompt": PROMPT_IDS, "n": 2, "max_tokens": 400, "temperature": 1.0}  # 400 x 50 ms: 20 s uncancelled
@@ -32,20 +31,6 @@ def post(server, path: str, body: dict) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def in_background(server, body: dict) -> tuple[threading.Thread, list]:
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(post(server, "/completions", body)), daemon=True)
-    thread.start()
-    return thread, result
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -115,7 +100,7 @@ def test_a_streaming_client_that_hangs_up_stops_its_request(slow_server):
 def test_a_stopping_server_cancels_the_request_it_gave_up_on(tiny_model):
     with serving(tiny_model) as (engine, server):
         with slow_forwards(engine) as calls:
-            thread, result = in_background(server, LONG)
+            thread, result = in_background(post, server, "/completions", LONG)
             wait_until(lambda: running(server) and len(calls) > 3)
             start = time.monotonic()
             server.app.close(timeout=0.2)

