@@ -26,6 +26,11 @@ def test_swapped_environment_drops_the_args_of_the_one_it_replaced(tmp_path, cap
     assert kept.data.env[0].args == {"num_tasks": 5}
     same = parsed("reverse-text", {"min_words": 1})  # the same id again keeps the recipe's args
     assert not reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: reverse-text}]"], same)
+    # a verifiers Env's own config (env_args) is dropped the same way when the id changes
+    recipe.write_text("data:\n  env:\n    - id: user-sim+reverse-text\n      env_args: {user: {max_turns: 2}}\n")
+    paired = Namespace(data=Namespace(env=[Namespace(id="guess-number", args={}, env_args={"user": {"max_turns": 2}})]))
+    notes = reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: guess-number}]"], paired)
+    assert paired.data.env[0].env_args == {} and "env_args" in notes[0]
 
 
 def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
@@ -36,10 +41,11 @@ def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "-m", "grpokit", "fit", "--config", str(repo / "recipes/reverse_text.yaml")]
-        + ["--data.env", "[{id: guess-number}]", "--print_config"],
+        + ["--data.env", "[{id: user-sim+reverse-text, env_args: {user: {max_turns: 2}}}]", "--print_config"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "min_words" not in out.stdout and "replaced an earlier environment" in out.stderr
+    assert "user-sim+reverse-text" in out.stdout and "max_turns: 2" in out.stdout  # a verifiers Env's config

@@ -2,7 +2,8 @@
 folder on sys.path; each environment loads by its id through verifiers' loader, as a user's installed
 module would, and answers scripted replies (no engine, no model) with the tool results, turn rewards and
 rubric rewards the page describes. A scripted engine then runs the multi-turn environment through the
-orchestrator's rollout path to check what the trainer sees (masks, step rewards, the budget)."""
+orchestrator's rollout path to check what the trainer sees (masks, step rewards, the budget), and plays
+the page's verifiers Env (recount) paired with its taskset."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ MODULES = ("count_letters", "warehouse", "mental_math")
 
 
 def test_the_page_has_its_files():
-    assert sorted(FILES) == sorted(["my_envs.yaml", *(f"{m}.py" for m in MODULES)])
+    assert sorted(FILES) == sorted(["my_envs.yaml", "recount.py", *(f"{m}.py" for m in MODULES)])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def site(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(folder))
         yield folder
-    for module in MODULES:
+    for module in (*MODULES, "recount"):
         sys.modules.pop(module, None)
 
 
@@ -255,3 +256,43 @@ def test_what_the_trainer_sees(envs, tokenizer):
     assert b.step_ends[-1] == len(b.completion_ids) - 1
     adv_a, adv_b = Process().token_advantages([[a, b]])
     assert adv_b[0] < 0 and adv_b[-1] < adv_a[-1]
+
+
+class CountEngine(InferenceEngine):
+    """Answers count-letters: right, except the second of a group's first replies (one letter too many)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok, self.end = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def setup(self, model):
+        pass
+
+    def load_weights(self, update):
+        pass
+
+    def generate(self, prompts, n, sampling):
+        return [[self._reply(ids, i) for i in range(n)] for ids in prompts]
+
+    def _reply(self, ids, i):
+        text = self.tok.decode(ids)
+        word = re.findall(r"How many letters has the word '(\w+)'", text)[-1]
+        wrong = i == 1 and "Count again" not in text
+        ids = self.tok.encode(str(len(word) + wrong), add_special_tokens=False) + [self.end]
+        return Completion(ids, [-0.5] * len(ids), False, 0)
+
+
+def test_the_verifiers_env_coaches_a_second_try(site, tokenizer):
+    from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
+
+    spec = EnvSpec(id="recount+count-letters", args={"num_tasks": 6}, env_args={"hint": "Count again."})
+    env = Environment(spec)
+    assert type(env.episode_env).__name__ == "Recount" and env.episode_env.config.hint == "Count again."
+    sampling = SamplingSettings(max_tokens=8, seed=0)
+    (right, retried) = generate_rollouts(
+        CountEngine(tokenizer), tokenizer, [(env, env.examples[0])], 2, sampling, 0, turns=TurnLimits(8, 1024)
+    )[0]
+    assert (right.reward, right.metrics["tries"], right.metrics["turns"]) == (1.0, 1.0, 1.0)
+    assert (retried.reward, retried.metrics["tries"], retried.metrics["turns"]) == (1.0, 2.0, 2.0)
+    assert retried.messages[-2] == {"role": "user", "content": "Count again."}
+    assert retried.prompt_ids == right.prompt_ids  # the task's prompt opened both episodes
+    assert 0 in retried.completion_mask and set(right.completion_mask) == {1}

@@ -6,7 +6,8 @@ after a recipe's `env: [{id: reverse-text, args: {min_words: 1}}]`, the flag
 new taskset refuses them, a silently different task when it accepts them (both tasksets have
 `num_tasks`). A researcher who swaps an environment expects that environment's defaults, as for a
 swapped component (grpokit.cli.component_args), so grpokit replays the recipe's sources in order and
-clears, for every element whose id changed, the args not given since the change, saying so on stderr.
+clears, for every element whose id changed, the args (and env_args) not given since the change, saying
+so on stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jsonargparse import Namespace
 from grpokit.cli.recipe_files import CONFIG_FLAGS, read_recipe_file, recipe_flags
 
 ENV_KEYS = ("data.env", "data.eval.env")
+ARG_FIELDS = ("args", "env_args")  # the taskset's config, and its verifiers Env's (grpokit.orchestrator.episode_env)
 
 
 def reset_carried_env_args(argv: list[str], config: Namespace) -> list[str]:
@@ -27,26 +29,26 @@ def reset_carried_env_args(argv: list[str], config: Namespace) -> list[str]:
     replaced; return one line per cleared environment (also printed to stderr)."""
     notes = []
     for key in ENV_KEYS:
-        carried = _carried(argv, key)
-        specs = _get(config, key) or []
-        for i, spec in enumerate(specs):
-            args = spec.get("args") if isinstance(spec, dict) else getattr(spec, "args", None)
-            if i in carried and args:
-                notes.append(
-                    f"{key}[{i}]: {_id(spec)!r} replaced an earlier environment; the args carried from it "
-                    f"({args}) are dropped. Give args in the same flag to set them."
-                )
-                if isinstance(spec, dict):
-                    spec["args"] = {}
-                else:
-                    spec.args = {}
+        for field in ARG_FIELDS:
+            carried = _carried(argv, key, field)
+            for i, spec in enumerate(_get(config, key) or []):
+                args = spec.get(field) if isinstance(spec, dict) else getattr(spec, field, None)
+                if i in carried and args:
+                    notes.append(
+                        f"{key}[{i}]: {_id(spec)!r} replaced an earlier environment; the {field} carried from "
+                        f"it ({args}) are dropped. Give {field} in the same flag to set them."
+                    )
+                    if isinstance(spec, dict):
+                        spec[field] = {}
+                    else:
+                        setattr(spec, field, {})
     for line in notes:
         print(f"grpokit: {line}", file=sys.stderr)
     return notes
 
 
-def _carried(argv: list[str], key: str) -> set[int]:
-    """The indices of `key`'s elements whose id was changed by a later source without args."""
+def _carried(argv: list[str], key: str, field: str) -> set[int]:
+    """The indices of `key`'s elements whose id was changed by a later source without `field`."""
     ids: dict[int, Any] = {}
     carried: set[int] = set()
     for flag, value in recipe_flags(argv):
@@ -63,7 +65,7 @@ def _carried(argv: list[str], key: str) -> set[int]:
             if not isinstance(item, dict):
                 continue
             new_id = item.get("id", ids.get(i))
-            if "args" in item or fresh:
+            if field in item or fresh:
                 carried.discard(i)
             elif i in ids and new_id != ids[i]:
                 carried.add(i)

@@ -74,15 +74,16 @@ def infer(cli) -> int:
     finally:
         broadcast.close()  # stops the NCCL receiver, withdraws the filesystem broadcast's ack
     if app.worker.thread.is_alive():
-        _exit_now(0)
-    return 0
+        log.warning("the engine is still sampling a request; exiting without waiting for it")
+    _exit_now(0)
 
 
 def _exit_now(code: int) -> None:
-    """End the process without waiting for the engine thread, which is inside a generate that cannot be
-    interrupted: the interpreter's exit would wait for nothing, but torch aborts (std::terminate) when the
-    process is finalised under a running op. Logs and output are flushed first."""
-    log.warning("the engine is still sampling a request; exiting without waiting for it")
+    """End the process at once, logs and output flushed, once the server has answered every request and
+    the broadcast is closed. The engine thread may still be inside a generate that cannot be interrupted,
+    and torch aborts (std::terminate) when the process is finalised under a running op. Even when it has
+    ended, the interpreter's teardown of torch and transformers adds a second or more (two under load) to
+    the promise that SIGTERM stops the server within a few seconds; nothing left needs it."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -31,9 +31,10 @@ import asyncio
 import functools
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpokit.orchestrator.episode_env import load_episode_env
 from grpokit.orchestrator.toolsets import tool_sources
 
 MAX_ABS_REWARD = 1e6
@@ -49,12 +50,16 @@ class EnvSpec:
         name: name used in metrics; defaults to the id.
         ratio: share of each step's prompts drawn from this environment (set it on all or none; the
             default pools all environments' examples).
+        env_args: the config fields of the environment's own verifiers `Env`, when it has one (an id
+            `user-sim+reverse-text` pairs verifiers' Env `user-sim` with the taskset `reverse-text`, as
+            verifiers names pairs), e.g. `{user: {max_turns: 4}}`; see grpokit.orchestrator.episodes.
     """
 
     id: str
     args: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
     ratio: float | None = None
+    env_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,7 +79,9 @@ class Environment:
     def __init__(self, spec: EnvSpec) -> None:
         self.spec = spec
         self.name = spec.name or spec.id
-        taskset = load_taskset(spec)
+        env_id, _, taskset_id = spec.id.rpartition("+")
+        taskset = load_taskset(replace(spec, id=taskset_id))
+        self.episode_env = load_episode_env(spec, env_id, taskset)  # a vf.Env with its own run, or None
         tasks = list(taskset)
         self.examples = [
             Example(i, prompt_messages(task.data), task, source)
@@ -110,8 +117,15 @@ class Environment:
                 *(ex.task.score(tr) for ex, tr in zip(examples, traces)), return_exceptions=True
             )
 
+        return self.checked_scores(examples, traces, asyncio.run(score_all()))
+
+    def checked_scores(
+        self, examples: list[Example], traces: list, outcomes: list
+    ) -> list[tuple[float, dict[str, float]]]:
+        """(reward, metrics) of each scored trace; `outcomes`: what its scoring raised, else None. A failed
+        scoring or a reward that is not a moderate number stops the run naming the env and example."""
         out = []
-        for ex, tr, outcome in zip(examples, traces, asyncio.run(score_all())):
+        for ex, tr, outcome in zip(examples, traces, outcomes):
             if isinstance(outcome, Exception):
                 raise ValueError(
                     f"environment {self.name!r} example {ex.index}: scoring the reply {tr.last_reply!r:.200} failed "
@@ -168,10 +182,13 @@ class UnscoredEnvironment(Environment):
     """
 
     def __init__(self, env: Environment) -> None:
-        self.spec, self.name, self.examples = env.spec, env.name, env.examples
+        self.spec, self.name, self.examples, self.episode_env = env.spec, env.name, env.examples, env.episode_env
 
     def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
         return [(0.0, {}) for _ in replies]
+
+    def checked_scores(self, examples: list[Example], traces: list, outcomes: list) -> list[tuple[float, dict]]:
+        return [(0.0, {}) for _ in traces]
 
     def score_conversations(
         self, examples: list[Example], chats: list[list[dict[str, Any]]], states: list | None = None

@@ -81,39 +81,50 @@ def _take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budg
     conv.add_environment(env_ids, answer.messages)
 
 
-def conversation_rollouts(groups: list[list[Conversation]], first_group_id: int, tokenizer) -> list[list[Rollout]]:
-    """Score the finished conversations with their tasks and turn them into Rollouts (one group per prompt).
-    Per-turn rewards, when the environment gives any, become step rewards at each turn's last token; a
-    turn without one (a reply cut at max_tokens, a tool turn) counts 0."""
+def conversation_rollouts(
+    groups: list[list[Conversation]], first_group_id: int, tokenizer, scores: list[list] | None = None
+) -> list[list[Rollout]]:
+    """Score the finished conversations with their tasks (unless `scores` has each group's (reward,
+    metrics) already) and turn them into Rollouts (one group per prompt). Per-turn rewards, when the
+    environment gives any, become step rewards at each turn's last token; a turn without one (a reply
+    cut at max_tokens, a tool turn) counts 0."""
     out = []
     for g, group in enumerate(groups):
-        env, ex = group[0].env, group[0].example
+        env = group[0].env
+        if scores is not None:
+            out.append(_rollouts(group, scores[g], first_group_id + g, tokenizer))
+            continue
         states = [c.toolsets.state if c.toolsets is not None else None for c in group]
         with_states = {"states": states} if any(s is not None for s in states) else {}  # the toolsets' State
-        scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **with_states)
-        rollouts = []
-        for conv, (reward, metrics) in zip(group, scores):
-            logprobs, mask, metrics = masked_if_nonfinite(conv.logprobs, conv.mask, metrics, env.name, ex.index)
-            rewarded = any(r is not None for r in conv.turn_rewards)
-            per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if rewarded else None
-            rollouts.append(
-                Rollout(
-                    example_id=ex.index,
-                    env_id=env.name,
-                    group_id=first_group_id + g,
-                    prompt_ids=conv.prompt_ids,
-                    completion_ids=conv.ids,
-                    completion_logprobs=logprobs,
-                    completion_mask=mask,
-                    reward=reward,
-                    is_truncated=conv.is_truncated,
-                    policy_step=min(conv.policy_steps),
-                    completion_text=tokenizer.decode(conv.ids, skip_special_tokens=False),
-                    metrics={**metrics, **conv.metrics()},
-                    step_rewards=per_turn,
-                    step_ends=conv.turn_ends if per_turn else None,
-                    messages=conv.messages,
-                )
-            )
-        out.append(rollouts)
+        group_scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **with_states)
+        out.append(_rollouts(group, group_scores, first_group_id + g, tokenizer))
     return out
+
+
+def _rollouts(group: list[Conversation], scores: list, group_id: int, tokenizer) -> list[Rollout]:
+    env, ex = group[0].env, group[0].example
+    rollouts = []
+    for conv, (reward, metrics) in zip(group, scores):
+        logprobs, mask, metrics = masked_if_nonfinite(conv.logprobs, conv.mask, metrics, env.name, ex.index)
+        rewarded = any(r is not None for r in conv.turn_rewards)
+        per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if rewarded else None
+        rollouts.append(
+            Rollout(
+                example_id=ex.index,
+                env_id=env.name,
+                group_id=group_id,
+                prompt_ids=conv.prompt_ids,
+                completion_ids=conv.ids,
+                completion_logprobs=logprobs,
+                completion_mask=mask,
+                reward=reward,
+                is_truncated=conv.is_truncated,
+                policy_step=min(conv.policy_steps),
+                completion_text=tokenizer.decode(conv.ids, skip_special_tokens=False),
+                metrics={**metrics, **conv.metrics()},
+                step_rewards=per_turn,
+                step_ends=conv.turn_ends if per_turn else None,
+                messages=conv.messages,
+            )
+        )
+    return rollouts

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.orchestrator.conversation import is_multi_turn, masked_if_nonfinite
 from grpokit.orchestrator.environment import Environment, Example
+from grpokit.orchestrator.episodes import play_episodes
 from grpokit.orchestrator.multi_turn import conversation_rollouts, generate_conversations
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.steps import rollout_steps
@@ -42,15 +43,16 @@ def generate_rollouts(
     """Sample `rollouts_per_example` completions per prompt and score them (and their steps, where the
     environment reports step rewards); one list per group. `prompt_ids`: the prompts' token ids when the
     caller has them already (the length check tokenised them), else they are tokenised here. Prompts of
-    multi-turn tasks (tools, or a `respond` method) run as conversations within `turns`' limits."""
+    multi-turn tasks (tools, or a `respond` method) run as conversations within `turns`' limits, and
+    those of environments with an Env of their own as its episodes (grpokit.orchestrator.episodes)."""
     if not prompts:  # every prompt of the block was too long (grpokit.orchestrator.prompt_length)
         return []
     if prompt_ids is None:
         prompt_ids = [prompt_token_ids(tokenizer, ex) for _, ex in prompts]
-    multi = [i for i, (_, ex) in enumerate(prompts) if is_multi_turn(ex.task, getattr(ex, "toolsets", None))]
-    if multi:
+    kinds = [_kind(env, ex) for env, ex in prompts]
+    if any(k != "single" for k in kinds):
         return _with_conversations(
-            engine, tokenizer, prompts, prompt_ids, multi, rollouts_per_example, sampling, first_group_id, turns
+            engine, tokenizer, prompts, prompt_ids, kinds, rollouts_per_example, sampling, first_group_id, turns
         )
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
     groups = []
@@ -81,36 +83,57 @@ def generate_rollouts(
     return groups
 
 
+def _kind(env: Environment, example: Example) -> str:
+    """How a prompt is played: an `episode` of the environment's own verifiers Env, a `conversation` of a
+    multi-turn task (tools, `respond`, verifiers toolsets), or `single`-turn sampling."""
+    if getattr(env, "episode_env", None) is not None:
+        return "episode"
+    return "conversation" if is_multi_turn(example.task, getattr(example, "toolsets", None)) else "single"
+
+
 def _with_conversations(
-    engine, tokenizer, prompts, prompt_ids, multi, rollouts_per_example, sampling, first_group_id, turns
+    engine, tokenizer, prompts, prompt_ids, kinds, rollouts_per_example, sampling, first_group_id, turns
 ) -> list[list[Rollout]]:
-    """Conversations for the prompts of multi-turn tasks (indices `multi`), single-turn sampling for the
-    others; the groups in prompt order, with consecutive group ids from first_group_id."""
-    single = [i for i in range(len(prompts)) if i not in set(multi)]
+    """Episodes, conversations and single-turn samples for the prompts of each kind (see _kind); the
+    groups in prompt order, with consecutive group ids from first_group_id."""
     turns = turns or TurnLimits()
     budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
-    conversations = generate_conversations(
-        engine,
-        tokenizer,
-        [prompts[i] for i in multi],
-        [prompt_ids[i] for i in multi],
-        rollouts_per_example,
-        sampling,
-        budget,
-        turns.max_turns,
-    )
-    groups = dict(zip(multi, conversation_rollouts(conversations, 0, tokenizer)))
-    if single:
+    at = {kind: [i for i, k in enumerate(kinds) if k == kind] for kind in ("episode", "conversation", "single")}
+    groups: dict[int, list[Rollout]] = {}
+    if at["episode"]:
+        conversations, scores = play_episodes(
+            engine,
+            tokenizer,
+            [prompts[i] for i in at["episode"]],
+            rollouts_per_example,
+            sampling,
+            budget,
+            turns.max_turns,
+        )
+        groups.update(zip(at["episode"], conversation_rollouts(conversations, 0, tokenizer, scores)))
+    if at["conversation"]:
+        conversations = generate_conversations(
+            engine,
+            tokenizer,
+            [prompts[i] for i in at["conversation"]],
+            [prompt_ids[i] for i in at["conversation"]],
+            rollouts_per_example,
+            sampling,
+            budget,
+            turns.max_turns,
+        )
+        groups.update(zip(at["conversation"], conversation_rollouts(conversations, 0, tokenizer)))
+    if at["single"]:
         sampled = generate_rollouts(
             engine,
             tokenizer,
-            [prompts[i] for i in single],
+            [prompts[i] for i in at["single"]],
             rollouts_per_example,
             sampling,
             0,
-            [prompt_ids[i] for i in single],
+            [prompt_ids[i] for i in at["single"]],
         )
-        groups.update(zip(single, sampled))
+        groups.update(zip(at["single"], sampled))
     return [[replace(r, group_id=first_group_id + i) for r in groups[i]] for i in range(len(prompts))]
 
 

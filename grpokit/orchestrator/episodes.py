@@ -1,0 +1,359 @@
+"""verifiers environments with an episode of their own (`vf.Env.run(task, agents)`: a simulated user, a
+game master, several agents), played by grpokit's engine.
+
+verifiers' multi-agent surface is an `Env` subclass whose `run(task, agents)` drives one episode: it
+opens `agents.<role>.interaction(task)` and sends turns (`segment = await interaction.turn(message)`),
+each answered by that role's model. grpokit hands `run` agents of its own (EpisodeAgents): every role is
+played by the policy's engine, and each `turn` waits for the next batched `generate`, which answers the
+waiting turns of every episode of the step at once, as grpokit's own multi-turn loop does
+(grpokit.orchestrator.multi_turn). `run` keeps its control flow; verifiers' harnesses, sandboxes and
+model clients are not involved, so it runs offline, and every reply's tokens are the engine's.
+
+One role is trained: the one still `trainable` after the Env's `setup` (user-sim sets
+`agents.user.trainable = False`). Its conversation is the rollout, token-faithful: the first prompt
+rendered from its first messages, each later turn's messages rendered as a suffix after the engine's
+tokens (grpokit.orchestrator.chat_tokens, mask 0, no logprobs), each reply the engine's tokens. The other
+roles are played by the same engine, untrained (self-play, a simulated user); their chats go to the
+Env's `finalize`.
+
+Limits: a role's turns stop at its AgentConfig.max_turns (else data.max_turns) and at the budget (its
+prompt and turns within data.seq_len and the engine's context). The turn past either gets a
+`terminated` Segment, as verifiers' does when a run ends, and a trained conversation stopped by the
+budget is marked truncated. A reply cut at max_tokens ends its role's exchange (truncated).
+
+Scoring: each role's chat becomes a verifiers Trace (agent name and trainable stamped), scored by its
+task's rubric (`task.score`); then the Env's `finalize(task, episode)` sees every trace and may record
+more rewards and metrics. The trained trace gives the rollout's reward, checked as every reward is.
+
+Not provided: tools inside an episode (a segment is one reply), `Interaction.send` and `steer`, more
+than one trainable role; each is an error naming the environment when used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from grpokit.orchestrator.chat_tokens import ChatTokens
+from grpokit.orchestrator.conversation import Conversation
+from grpokit.orchestrator.environment import make_chat_trace, prompt_messages
+
+SEED_STRIDE = 1_000_033  # generate round r of a step samples with seed * SEED_STRIDE + r (as multi_turn's turns)
+SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
+
+
+@dataclass
+class EpisodeLimits:
+    """What bounds a role's exchange: `max_tokens` per reply, `budget` tokens in all, `max_turns` replies
+    (a role's AgentConfig.max_turns wins)."""
+
+    max_tokens: int
+    budget: int
+    max_turns: int
+
+
+class Role:
+    """One role's exchange in an episode (what `agent.interaction(task)` yields): its conversation, and the
+    turn it waits on while the engine writes the reply."""
+
+    def __init__(self, episode: Episode, agent: EpisodeAgent, task: Any) -> None:
+        self.episode, self.agent, self.task = episode, agent, task
+        self.conv = Conversation(episode.env, episode.example, [], prompt_messages(task.data))
+        self.num_prompt_messages = len(self.conv.messages)
+        self.prompted = task.data.prompt is not None
+        self.max_turns = int(getattr(agent.config, "max_turns", None) or episode.limits.max_turns)
+        self.started = False
+        self.over = False  # the exchange has ended: the next turn gets a terminated Segment
+        self.ended = False  # the terminated Segment was delivered
+        self.waiting: asyncio.Future | None = None
+        self._last_reply: list[int] = []
+
+    @property
+    def trace(self):
+        """The exchange so far as a verifiers Trace."""
+        trace = make_chat_trace(self.task, self.conv.messages, self.num_prompt_messages)
+        trace.agent.name, trace.agent.trainable = self.agent.name, self.agent.trainable
+        return trace
+
+    async def turn(self, message: Any = None):
+        """Send `message` (a str, or a list of messages) and return the role's reply as a verifiers
+        Segment; a bare turn() takes a prompted task's opening reply (verifiers' rules)."""
+        from verifiers.v1.agent import Segment
+
+        if self.ended:
+            raise RuntimeError(f"{self._where()}: the exchange is over (the run ended); read interaction.trace")
+        prompted = not self.started and self.prompted
+        if message is None and not prompted:
+            raise ValueError(f"{self._where()}: turn() needs the next user message (the task has no prompt to open)")
+        if message is not None and prompted:
+            raise ValueError(f"{self._where()}: the task's prompt opens this exchange: take its reply with turn()")
+        self.started = True
+        new = self._messages(message)
+        if self.over or self.conv.turns >= self.max_turns or not self._extend(new):
+            self.ended = True
+            return Segment(messages=[], terminated=True)
+        self.waiting = asyncio.get_running_loop().create_future()
+        completion = await self.waiting
+        self.waiting = None
+        text = self.episode.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        self.conv.add_completion(completion, text)
+        self.conv.turn_rewards.append(None)
+        self._last_reply = completion.token_ids
+        if completion.is_truncated:
+            self.over = self.conv.is_truncated = True
+        return Segment(messages=[_vf().AssistantMessage(content=text)])
+
+    def _extend(self, new: list[dict[str, str]]) -> bool:
+        """Add the turn's messages (and their tokens) to the conversation, or end it at the budget."""
+        limits, chat = self.episode.limits, self.episode.chat
+        if not self.conv.prompt_ids:  # the first reply: the prompt is rendered from the messages so far
+            messages = self.conv.messages + new
+            ids = chat.prompt(messages)
+            if len(ids) + limits.max_tokens > limits.budget:
+                raise ValueError(
+                    f"{self._where()}: the first prompt has {len(ids)} tokens, no room for "
+                    f"data.sampling.max_tokens ({limits.max_tokens}) within {limits.budget} (data.seq_len or the "
+                    "model's context); raise data.seq_len or shorten the environment's opening messages"
+                )
+            self.conv.messages, self.conv.prompt_ids = messages, ids
+            self.num_prompt_messages = len(messages)
+            return True
+        env_ids = chat.after_completion(self._last_reply, new)
+        if self.conv.num_tokens + len(env_ids) + limits.max_tokens > limits.budget:
+            self.over = self.conv.is_truncated = True
+            return False
+        self.conv.add_environment(env_ids, new)
+        return True
+
+    def _messages(self, message: Any) -> list[dict[str, str]]:
+        if message is None:
+            return []
+        items = [{"role": "user", "content": message}] if isinstance(message, str) else list(message)
+        out = []
+        for m in items:
+            m = m if isinstance(m, dict) else m.model_dump(exclude_none=True)
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise TypeError(f"{self._where()}: turn() got the message {m!r:.200}; give str role and content")
+            out.append({"role": m["role"], "content": m["content"]})
+        return out
+
+    async def send(self, *args, **kwargs):
+        raise NotImplementedError(f"{self._where()}: Interaction.send is not provided by grpokit; use turn()")
+
+    steer = send
+
+    def _where(self) -> str:
+        ep = self.episode
+        return f"environment {ep.env.name!r} example {ep.example.index} role {self.agent.name!r}"
+
+
+class EpisodeAgent:
+    """A role of the Env's config, played by grpokit's engine (`trainable` as the Env's setup leaves it)."""
+
+    def __init__(self, episode: Episode, name: str, config: Any) -> None:
+        self.name, self.config, self.trainable = name, config, True
+        self._episode = episode
+
+    @contextlib.asynccontextmanager
+    async def interaction(self, task: Any, **_ignored):
+        """The role's exchange on `task` (verifiers' `runtime`, `tools` and `on_trace` do not apply)."""
+        role = Role(self._episode, self, task)
+        self._episode.roles.append(role)
+        try:
+            yield role
+        finally:
+            role.over = role.ended = True
+
+    async def run(self, task: Any, **_ignored):
+        """One reply to a prompted task, as verifiers' single-segment `Agent.run`; returns its Trace."""
+        async with self.interaction(task) as role:
+            await role.turn()
+        return role.trace
+
+
+class EpisodeAgents:
+    """The Env config's roles by attribute (`agents.user`), as verifiers' Agents."""
+
+    def __init__(self, episode: Episode, config: Any) -> None:
+        from verifiers.v1.configs.agent import agent_config_fields
+
+        self._agents = {name: EpisodeAgent(episode, name, cfg) for name, cfg in agent_config_fields(config).items()}
+
+    def __getattr__(self, name: str) -> EpisodeAgent:
+        agents = self.__dict__.get("_agents")
+        if agents is None or name not in agents:
+            raise AttributeError(f"no agent {name!r}; this config declares {sorted(agents or [])}")
+        return agents[name]
+
+    def __iter__(self):
+        return iter(self._agents.values())
+
+
+class Episode:
+    """One run of the Env on one example: its roles, and the asyncio task running `setup` and `run`."""
+
+    def __init__(self, env, example, tokenizer, chat: ChatTokens, limits: EpisodeLimits) -> None:
+        self.env, self.example, self.tokenizer, self.chat, self.limits = env, example, tokenizer, chat, limits
+        self.agents = EpisodeAgents(self, env.episode_env.config)
+        self.roles: list[Role] = []
+        self.handle: asyncio.Task | None = None
+
+    async def play(self) -> None:
+        await self.env.episode_env.setup(self.agents)
+        await self.env.episode_env.run(self.example.task, self.agents)
+
+    def waiting(self) -> list[Role]:
+        return [r for r in self.roles if r.waiting is not None and not r.waiting.done()]
+
+    def parked(self) -> bool:
+        return self.handle.done() or bool(self.waiting())
+
+    def trained(self) -> Role:
+        """The exchange of the episode's trainable role: exactly one."""
+        trained = [r for r in self.roles if r.agent.trainable]
+        if len(trained) != 1 or not trained[0].conv.turns:
+            names = sorted({a.name for a in self.agents if a.trainable})
+            raise ValueError(
+                f"environment {self.env.name!r} example {self.example.index}: grpokit trains one exchange per "
+                f"episode, of the one trainable role, with at least one reply; the trainable roles {names} "
+                f"opened {len(trained)} with {[r.conv.turns for r in trained]} replies (set the other roles' "
+                "`trainable = False` in the Env's setup)"
+            )
+        return trained[0]
+
+    def failure(self) -> BaseException | None:
+        if self.handle is None or not self.handle.done() or self.handle.cancelled():
+            return None
+        return self.handle.exception()
+
+
+def play_episodes(
+    engine,
+    tokenizer,
+    prompts: list[tuple[Any, Any]],
+    rollouts_per_example: int,
+    sampling,
+    budget: int,
+    max_turns: int,
+) -> tuple[list[list[Conversation]], list[list[tuple[float, dict[str, float]]]]]:
+    """Play `rollouts_per_example` episodes per prompt to their end; per prompt, the trained conversations
+    and their (reward, metrics), in prompt order."""
+    chat = ChatTokens(tokenizer)
+    limits = EpisodeLimits(sampling.max_tokens, budget, max_turns)
+    groups = [[Episode(env, ex, tokenizer, chat, limits) for _ in range(rollouts_per_example)] for env, ex in prompts]
+    episodes = [ep for group in groups for ep in group]
+    loop = asyncio.new_event_loop()
+    try:
+        for ep in episodes:
+            ep.handle = loop.create_task(ep.play())
+        env_time, round_ = 0.0, 0
+        while True:
+            start = time.perf_counter()
+            loop.run_until_complete(_settle(episodes))
+            env_time += time.perf_counter() - start
+            waiting = [role for ep in episodes for role in ep.waiting()]
+            if not waiting:
+                break
+            replies = _generate(engine, [r.conv.prompt_ids + r.conv.ids for r in waiting], sampling, round_)
+            for role, completion in zip(waiting, replies):
+                role.waiting.set_result(completion)
+            round_ += 1
+        for ep in episodes:
+            ep.trained()  # exactly one trained exchange per episode, checked before any scoring
+        outcomes = loop.run_until_complete(_score_all(episodes))
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    trained = [ep.trained() for ep in episodes]
+    for role in trained:
+        role.conv.env_time = env_time / len(episodes)  # the episodes' own code runs interleaved: a mean share
+    scores, k = [], 0
+    for (env, ex), group in zip(prompts, groups):
+        n = len(group)
+        traces, results = [t for t, _ in outcomes[k : k + n]], [o for _, o in outcomes[k : k + n]]
+        scores.append(env.checked_scores([ex] * n, traces, results))
+        k += n
+    return [[ep.trained().conv for ep in group] for group in groups], scores
+
+
+async def _settle(episodes: list[Episode]) -> None:
+    """Run the episodes' code until each has ended or waits for a reply (gathered roles get a few more
+    passes to post their turns too); an episode that raised stops the run naming its environment."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    passes = 0
+    while True:
+        for ep in episodes:
+            if (error := ep.failure()) is not None:
+                raise ValueError(
+                    f"environment {ep.env.name!r} example {ep.example.index}: its Env.run raised "
+                    f"{type(error).__name__}: {error}; fix the environment's run"
+                ) from error
+        if all(ep.parked() for ep in episodes):
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if all(ep.parked() for ep in episodes):
+                return
+        if time.monotonic() > deadline:
+            stuck = [ep.example.index for ep in episodes if not ep.parked()]
+            raise TimeoutError(
+                f"environment {episodes[0].env.name!r}: the episodes of examples {stuck} neither ended nor asked "
+                f"for a turn within {SETTLE_TIMEOUT:g} s; their Env.run waits on something else"
+            )
+        passes += 1
+        await asyncio.sleep(0 if passes < 100 else 0.001)
+
+
+def _generate(engine, prompts: list[list[int]], sampling, round_: int) -> list:
+    """One reply per prompt, in one generate per multiplicity: identical prompts (a group's episodes
+    opening the same way) are asked once with n = their count, so seeded engines sample them apart."""
+    seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + round_
+    same: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        same.setdefault(tuple(p), []).append(i)
+    by_count: dict[int, list[tuple[int, ...]]] = {}
+    for key, indices in same.items():
+        by_count.setdefault(len(indices), []).append(key)
+    out: list = [None] * len(prompts)
+    for n, keys in sorted(by_count.items()):
+        for key, completions in zip(keys, engine.generate([list(k) for k in keys], n, replace(sampling, seed=seed))):
+            for i, completion in zip(same[key], completions):
+                out[i] = completion
+    return out
+
+
+async def _score_all(episodes: list[Episode]) -> list:
+    return await asyncio.gather(*(_score(ep) for ep in episodes))
+
+
+async def _score(ep: Episode) -> tuple[Any, BaseException | None]:
+    """(the trained role's scored Trace, the error of scoring or finalize, if any): every role's trace
+    scored by its task, then the Env's finalize over the episode."""
+    vf = _vf()
+    from verifiers.v1.trace import TraceTask
+
+    traces = [(role, role.trace) for role in ep.roles]
+    trained = next((t for role, t in traces if role.agent.trainable), None)
+    try:
+        for role, trace in traces:
+            await role.task.score(trace)
+        task = ep.example.task
+        episode = vf.Episode(
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+            traces=[t for _, t in traces],
+            ok=True,
+        )
+        await ep.env.episode_env.finalize(task, episode)
+    except Exception as e:
+        return trained, e
+    return trained, None
+
+
+def _vf():
+    import verifiers.v1 as vf
+
+    return vf
