@@ -449,11 +449,13 @@ def play(env, example, replies: list[str]):
     return conv
 
 
-# a multi-turn game for end-to-end runs on the tiny random model: it rarely samples EOS, so replies stop
-# on a common letter and the game answers each one ("Reply with one number ...") for up to 3 turns
+# multi-turn environments for end-to-end runs on the tiny random model: it rarely samples EOS, so replies
+# stop on a common letter; the game answers each one ("Reply with one number ...") for up to 3 turns, and
+# verifiers' user-sim Env has the engine play a simulated user (untrained) for up to 2 turns
 MULTI_TURN_GAME_FLAGS = (
     "--data.env",
-    "[{id: guess-number, args: {num_tasks: 50}}]",
+    "[{id: guess-number, args: {num_tasks: 50}, ratio: 0.5},"
+    " {id: user-sim+reverse-text, env_args: {user: {max_turns: 2}}, ratio: 0.5}]",
     "--data.sampling.stop",
     "[e]",
     "--data.max_turns",

@@ -39,6 +39,9 @@ class Rollout:
         messages: a multi-turn rollout's whole chat (prompt, replies, tool results, the environment's
             messages) for samples.jsonl; None for a single-turn one. Its completion_ids hold every turn,
             the environment's tokens with completion_mask 0 (grpokit.orchestrator.multi_turn).
+        token_steps: per completion token, the weight step that produced it, when the engine loaded new
+            weights while decoding it (streaming rollouts, grpokit.orchestrator.streaming); None when
+            one step sampled it all. policy_step is then its oldest token's step.
     """
 
     example_id: int
@@ -57,6 +60,7 @@ class Rollout:
     step_ends: list[int] | None = None
     is_expert: bool = False
     messages: list[dict] | None = None
+    token_steps: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

@@ -80,6 +80,9 @@ class Completion:
 
     `top_logprobs`: per token, the k most likely (token id, logprob) pairs of the distribution its logprob
     is of, most likely first; None unless a server's request asked for them (ServingOptions.top_logprobs).
+    `token_steps`: per token, the weight step whose weights produced it, when a streaming engine loaded
+    new weights while the completion was being decoded (grpokit.inference.streams); None when one step
+    sampled it all (`policy_step`). `policy_step` is always the oldest token's step.
     """
 
     token_ids: list[int]
@@ -87,6 +90,7 @@ class Completion:
     is_truncated: bool
     policy_step: int
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    token_steps: list[int] | None = None
 
 
 @dataclass
@@ -159,6 +163,15 @@ class InferenceEngine(ABC):
     @abstractmethod
     def load_weights(self, update: WeightUpdate) -> None:
         """Switch to the weights of `update` (a LoRA adapter or a full state dict)."""
+
+    def open_stream(self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue"):
+        """A GenerationStream (grpokit.inference.streams): groups submitted while others decode, finished
+        groups returned as they finish, weights loaded between decode steps. This default runs each
+        advance's queued groups as one `generate` (whole batches, weights between them); engines that
+        decode incrementally override it."""
+        from grpokit.inference.streams import BatchedStream
+
+        return BatchedStream(self, sampling, max_rows)
 
     def context_length(self) -> int | None:
         """The longest prompt + completion the engine samples (its model's positions, or a configured

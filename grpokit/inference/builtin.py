@@ -180,6 +180,17 @@ class BuiltinEngine(InferenceEngine):
     def context_length(self) -> int | None:
         return self.max_model_len
 
+    def open_stream(self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue"):
+        """The plain path streams natively (grpokit.inference.decode_stream); the fast path, and models
+        whose KV cache is not plain full attention, run whole batches (grpokit.inference.streams)."""
+        if self.model is None:
+            raise RuntimeError("BuiltinEngine.open_stream called before setup(model)")
+        if self.fast or not supports(self.model.config):
+            return super().open_stream(sampling, max_rows, on_update)
+        from grpokit.inference.decode_stream import DecodeStream
+
+        return DecodeStream(self, sampling, max_rows, on_update)
+
     def generate(
         self, prompts: list[list[int]], n: int, sampling: SamplingSettings, options: ServingOptions | None = None
     ) -> list[list[Completion]]:

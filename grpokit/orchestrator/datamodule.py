@@ -29,6 +29,7 @@ from grpokit.orchestrator.experts import ExpertSettings
 from grpokit.orchestrator.kl_reward import KLInRewardSettings
 from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
+from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.trainer.distributed import rank_and_world, share_batch
 from grpokit.transport import Transport, checked_step
@@ -69,6 +70,7 @@ class Orchestrator(L.LightningDataModule):
         expert: ExpertSettings | None = None,
         kl_in_reward: KLInRewardSettings | None = None,
         max_turns: int = 8,
+        streaming: StreamingSettings | None = None,
     ) -> None:
         """
         Args:
@@ -116,6 +118,10 @@ class Orchestrator(L.LightningDataModule):
             max_turns: the most assistant turns of a multi-turn rollout (environments with tools or a
                 `respond` method; a task's own `max_turns` wins); its tokens also fit seq_len
                 (grpokit.orchestrator.multi_turn). Single-turn environments ignore it.
+            streaming: stream rollouts (grpokit.orchestrator.streaming): `max_inflight` groups in the
+                engine at once, new ones submitted as others finish, a step's batch the first groups that
+                pass, new weights loaded between two decode steps (`on_update`: continue or regenerate
+                the unfinished rollouts). null = whole-batch generation.
         """
         super().__init__()
         self.shape = resolve_batch_shape(
@@ -157,6 +163,12 @@ class Orchestrator(L.LightningDataModule):
                 "not both (the schedule sets the temperature of each step)"
             )
         self.temp_scheduler = temp_scheduler
+        if streaming is not None and temp_scheduler is not None:
+            raise ValueError(
+                "data.streaming and data.temp_scheduler cannot be combined (a stream samples at one "
+                "temperature); set one of them to null"
+            )
+        self.streaming = streaming
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
         self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
         self.max_off_policy_steps = max_off_policy_steps

@@ -47,12 +47,14 @@ SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turn
 
 @dataclass
 class EpisodeLimits:
-    """What bounds a role's exchange: `max_tokens` per reply, `budget` tokens in all, `max_turns` replies
-    (a role's AgentConfig.max_turns wins)."""
+    """What bounds a role's exchange: `max_tokens` per reply, `max_turns` replies (a role's
+    AgentConfig.max_turns wins), and in all `budget` tokens for the trained role (it is packed into
+    data.seq_len) and `context` tokens (the engine's) for the others."""
 
     max_tokens: int
     budget: int
     max_turns: int
+    context: int
 
 
 class Role:
@@ -109,20 +111,21 @@ class Role:
     def _extend(self, new: list[dict[str, str]]) -> bool:
         """Add the turn's messages (and their tokens) to the conversation, or end it at the budget."""
         limits, chat = self.episode.limits, self.episode.chat
+        budget = limits.budget if self.agent.trainable else limits.context
         if not self.conv.prompt_ids:  # the first reply: the prompt is rendered from the messages so far
             messages = self.conv.messages + new
             ids = chat.prompt(messages)
-            if len(ids) + limits.max_tokens > limits.budget:
+            if len(ids) + limits.max_tokens > budget:
                 raise ValueError(
                     f"{self._where()}: the first prompt has {len(ids)} tokens, no room for "
-                    f"data.sampling.max_tokens ({limits.max_tokens}) within {limits.budget} (data.seq_len or the "
+                    f"data.sampling.max_tokens ({limits.max_tokens}) within {budget} (data.seq_len or the "
                     "model's context); raise data.seq_len or shorten the environment's opening messages"
                 )
             self.conv.messages, self.conv.prompt_ids = messages, ids
             self.num_prompt_messages = len(messages)
             return True
         env_ids = chat.after_completion(self._last_reply, new)
-        if self.conv.num_tokens + len(env_ids) + limits.max_tokens > limits.budget:
+        if self.conv.num_tokens + len(env_ids) + limits.max_tokens > budget:
             self.over = self.conv.is_truncated = True
             return False
         self.conv.add_environment(env_ids, new)
@@ -238,11 +241,13 @@ def play_episodes(
     sampling,
     budget: int,
     max_turns: int,
+    context: int,
 ) -> tuple[list[list[Conversation]], list[list[tuple[float, dict[str, float]]]]]:
     """Play `rollouts_per_example` episodes per prompt to their end; per prompt, the trained conversations
-    and their (reward, metrics), in prompt order."""
+    and their (reward, metrics), in prompt order. `budget`: tokens of the trained exchange; `context`:
+    of the others."""
     chat = ChatTokens(tokenizer)
-    limits = EpisodeLimits(sampling.max_tokens, budget, max_turns)
+    limits = EpisodeLimits(sampling.max_tokens, budget, max_turns, context)
     groups = [[Episode(env, ex, tokenizer, chat, limits) for _ in range(rollouts_per_example)] for env, ex in prompts]
     episodes = [ep for group in groups for ep in group]
     loop = asyncio.new_event_loop()

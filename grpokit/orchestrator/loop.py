@@ -33,6 +33,7 @@ from grpokit.orchestrator.prompt_length import prompt_token_limit, split_by_leng
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
+from grpokit.orchestrator.streaming import StreamingRollouts
 from grpokit.orchestrator.weights import weight_source
 from grpokit.types import Rollout, TrainingBatch
 
@@ -103,6 +104,7 @@ class RolloutLoop:
             self.kl_reward = KLInReward(config.kl_in_reward, scorer)
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
         self.generation: Generation | None = None  # the newest generation sampled
+        self.streaming = StreamingRollouts(self, config.streaming) if config.streaming is not None else None
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
         config = self.config
@@ -165,6 +167,8 @@ class RolloutLoop:
             dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
             **(gen.eval_metrics if fresh else {}),
         )
+        if self.streaming is not None:  # rollouts whose tokens came from more than one weight step
+            metrics["mixed_weight_rollouts"] = sum(r.token_steps is not None for r in all_rollouts) / len(all_rollouts)
         self._log_samples(step, all_rollouts)
         temperature = self.temperature(index) or 1.0
         micro_batches = self._pack(groups, rollouts, flags, metrics, temperature)
@@ -178,10 +182,12 @@ class RolloutLoop:
         step it feeds (steps_per_generation, num_iterations)."""
         if self.generation is None or self.generation.index != index:
             first_step = index * self.shape.steps_per_rollout_generation
-            self.wait_for_weights(max(0, first_step - self.config.max_async_level))
+            if self.streaming is None:  # streaming keeps decoding while it waits (its groups wait instead)
+                self.wait_for_weights(max(0, first_step - self.config.max_async_level))
             eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
             start = time.perf_counter()
-            generated, kept, too_long = self.select_groups(index)
+            select = self.streaming.select_groups if self.streaming is not None else self.select_groups
+            generated, kept, too_long = select(index)
             self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
         return self.generation
 

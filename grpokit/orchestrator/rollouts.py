@@ -55,32 +55,37 @@ def generate_rollouts(
             engine, tokenizer, prompts, prompt_ids, kinds, rollouts_per_example, sampling, first_group_id, turns
         )
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
-    groups = []
-    for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
-        replies = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in comps]
-        scores = env.score([ex] * len(comps), replies)
-        steps = env.step_rewards([ex] * len(comps), replies)
-        groups.append(
-            [
-                Rollout(
-                    example_id=ex.index,
-                    env_id=env.name,
-                    group_id=first_group_id + g,
-                    prompt_ids=list(ids),
-                    completion_ids=c.token_ids,
-                    **logprob_fields(c, metrics, env, ex),
-                    reward=reward,
-                    is_truncated=c.is_truncated,
-                    policy_step=c.policy_step,
-                    completion_text=text,
-                    **rollout_steps(
-                        s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
-                    ),
-                )
-                for c, text, (reward, metrics), s in zip(comps, replies, scores, steps)
-            ]
+    return [
+        sampled_group(env, ex, ids, comps, first_group_id + g, tokenizer)
+        for g, ((env, ex), ids, comps) in enumerate(zip(prompts, prompt_ids, completions))
+    ]
+
+
+def sampled_group(
+    env: Environment, ex: Example, prompt_ids: list[int], completions: list[Completion], group_id: int, tokenizer
+) -> list[Rollout]:
+    """One prompt's single-turn completions, scored (and their steps, where the environment reports step
+    rewards), as Rollouts."""
+    replies = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+    scores = env.score([ex] * len(completions), replies)
+    steps = env.step_rewards([ex] * len(completions), replies)
+    return [
+        Rollout(
+            example_id=ex.index,
+            env_id=env.name,
+            group_id=group_id,
+            prompt_ids=list(prompt_ids),
+            completion_ids=c.token_ids,
+            **logprob_fields(c, metrics, env, ex),
+            reward=reward,
+            is_truncated=c.is_truncated,
+            policy_step=c.policy_step,
+            completion_text=text,
+            token_steps=c.token_steps,
+            **rollout_steps(s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)),
         )
-    return groups
+        for c, text, (reward, metrics), s in zip(completions, replies, scores, steps)
+    ]
 
 
 def _kind(env: Environment, example: Example) -> str:
@@ -109,6 +114,7 @@ def _with_conversations(
             sampling,
             budget,
             turns.max_turns,
+            engine.context_length() or sys.maxsize,
         )
         groups.update(zip(at["episode"], conversation_rollouts(conversations, 0, tokenizer, scores)))
     if at["conversation"]:

@@ -1,0 +1,216 @@
+"""Streaming rollouts (`data.streaming`): a fixed number of groups in flight in the engine, a new group
+submitted as soon as one finishes, finished groups scored, filtered and handed to the batcher as they
+finish, and new weights loaded between two decode steps while unfinished rollouts continue.
+
+Whole-batch generation (the default, `data.streaming: null`) asks the engine for a step's groups and
+waits for the slowest completion; the engine idles through that tail and through weight loads. Here
+the engine holds up to `max_inflight` groups (AReaL's max_concurrent_rollouts) through a
+GenerationStream (grpokit.inference.streams), and a step's batch is the first groups that finish and
+pass `buffer.keep` (dynamic sampling), in the order they were submitted. What stays as in whole-batch
+generation:
+
+- Prompts come in the same blocks (`prompts.take(block)`, env ratios and easy/hard pools included),
+  block b sampled with seed `sampling.seed * 1_000_003 + b` when it starts an idle stream, group ids
+  `b * prompts_per_block + i`; too-long prompts are skipped and counted.
+- The async bound: a group is submitted only while the engine's weights are at least
+  `first_step - max_async_level` of the generation it will land in (counted from the groups ready and
+  in flight), so with `max_async_level: 0` nothing is submitted for a step before its weights, and with
+  `max_inflight` covering a step's prompts streaming samples exactly what whole-batch generation does.
+- `max_off_policy_steps` drops a group by its oldest token (Rollout.policy_step is the oldest token's
+  weight step; Rollout.token_steps has each token's).
+
+New weights are polled before every decode step and loaded into the stream at once
+(`on_update: continue`: unfinished rollouts continue with the new weights, their KV cache recomputed;
+`regenerate`: they restart from their prompts). The losses use the engine's recorded logprob of each
+token, so the importance ratio of a mixed-weight rollout compares each token with the weights that
+sampled it (docs/orchestrator.md says which losses this is sound for).
+
+Not streamed: multi-turn tasks and verifiers Env episodes (their turns need the environment between
+two generates; a recipe with them and `data.streaming` is refused at start), and a temperature schedule.
+Not bit-reproducible on resume: the stream's decode interleaving depends on when weights arrived.
+
+timeline.jsonl gets a `group` span per group (submitted to finished, with its weight steps) and a
+`weights` mark per update loaded, so `grpokit bench`'s and the docs' figures show the engine busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from grpokit.common.timeline import record_timeline
+from grpokit.inference.streams import FinishedGroup, GroupRequest
+from grpokit.orchestrator.conversation import is_multi_turn
+from grpokit.orchestrator.prompt_length import split_by_length
+from grpokit.orchestrator.rollouts import sampled_group
+from grpokit.types import Rollout
+
+if TYPE_CHECKING:
+    from grpokit.orchestrator.loop import RolloutLoop
+
+log = logging.getLogger(__name__)
+BLOCK_SEED_STRIDE = 1_000_003  # as RolloutLoop.select_groups: block b samples with seed * stride + b
+
+
+@dataclass
+class StreamingSettings:
+    """Streaming rollouts (grpokit.orchestrator.streaming).
+
+    Args:
+        max_inflight: groups in the engine at once; a new one is submitted as one finishes. The builtin
+            engine decodes up to max_inflight x rollouts_per_example rows together.
+        on_update: what unfinished rollouts do when new weights load between two decode steps:
+            "continue" (partial rollouts: later tokens come from the new weights, each token records
+            its weight step) or "regenerate" (they restart from their prompts with the new weights).
+    """
+
+    max_inflight: int = 8
+    on_update: Literal["continue", "regenerate"] = "continue"
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError(f"data.streaming.max_inflight must be >= 1 (groups in flight), got {self.max_inflight}")
+        if self.on_update not in ("continue", "regenerate"):
+            raise ValueError(f"data.streaming.on_update must be continue or regenerate, got {self.on_update!r}")
+
+
+@dataclass
+class _Pending:
+    env: object
+    example: object
+    prompt_ids: list[int]
+    group_id: int
+    seed: int
+    submitted: float = 0.0
+
+
+class StreamingRollouts:
+    """A RolloutLoop's groups, streamed (see the module docstring); `select_groups` replaces the loop's."""
+
+    def __init__(self, loop: RolloutLoop, settings: StreamingSettings) -> None:
+        self.loop, self.settings = loop, settings
+        config = loop.config
+        for env in loop.envs:
+            if getattr(env, "episode_env", None) is not None or any(
+                is_multi_turn(ex.task, getattr(ex, "toolsets", None)) for ex in env.examples
+            ):
+                raise ValueError(
+                    f"data.streaming: environment {env.name!r} is multi-turn; streaming covers single-turn "
+                    "prompts. Set data.streaming: null for it (whole-batch generation runs every environment)"
+                )
+        self.group_size = config.rollouts_per_example
+        self.stream = loop.engine.open_stream(
+            config.sampling, settings.max_inflight * self.group_size, settings.on_update
+        )
+        self.prompts: deque[_Pending] = deque()
+        self.next_block: int | None = None
+        self.ready: list[list[Rollout]] = []  # finished groups that passed buffer.keep, not yet handed out
+        self.generated: list[list[Rollout]] = []  # every group finished since the last hand-out
+        self.too_long = 0
+        self.generation = 0
+
+    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]], int]:
+        """(every group finished since the last call, the generation's groups to train on in submission
+        order, the prompts skipped as too long), streaming until enough groups have passed."""
+        loop = self.loop
+        needed = loop.shape.prompts_per_step * loop.shape.steps_per_generation
+        self.generation = generation
+        if self.next_block is None:
+            self.next_block = generation * loop.config.buffer.rounds
+        idle_since = None
+        while len(self.ready) < needed:
+            if loop.stopping.is_set():
+                raise RuntimeError("orchestrator stopped while streaming rollouts")
+            self._poll_weights()
+            self._submit(needed)
+            if self.stream.inflight == 0:  # nothing may start yet: waiting for weights
+                idle_since = idle_since or time.monotonic()
+                self._check_wait(idle_since)
+                time.sleep(0.05)
+                continue
+            idle_since = None
+            self._collect(self.stream.advance())
+        kept, self.ready = self.ready[:needed], self.ready[needed:]
+        generated, self.generated = self.generated, []
+        too_long, self.too_long = self.too_long, 0
+        return generated, sorted(kept, key=lambda g: g[0].group_id), too_long
+
+    def close(self) -> None:
+        self.stream.close()
+
+    # --- one pass of the loop ----------------------------------------------------------------------
+
+    def _poll_weights(self) -> None:
+        loop = self.loop
+        update = loop.weights.poll(loop.engine.weight_step)
+        if update is not None:
+            start = time.time()
+            self.stream.load_weights(update)
+            record_timeline(loop.run_dir, "weights", update.step, start, time.time(), inflight=self.stream.inflight)
+
+    def _submit(self, needed: int) -> None:
+        """Fill the stream up to max_inflight with groups whose generation the weights allow."""
+        loop, config = self.loop, self.loop.config
+        while self.stream.inflight < self.settings.max_inflight:
+            target = self.generation + (len(self.ready) + self.stream.inflight) // needed
+            if loop.engine.weight_step < target * loop.shape.steps_per_rollout_generation - config.max_async_level:
+                return
+            pending = self._next_prompt()
+            pending.submitted = time.time()
+            self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
+
+    def _next_prompt(self) -> _Pending:
+        """The next prompt to submit, from the next block when this one is used up (as whole-batch
+        generation draws, seeds and numbers them)."""
+        loop, config = self.loop, self.loop.config
+        per_block = math.ceil(
+            loop.shape.prompts_per_step * loop.shape.steps_per_generation * config.buffer.oversampling_factor
+        )
+        while not self.prompts:
+            block = self.next_block
+            self.next_block += 1
+            prompts, ids, skipped = split_by_length(
+                loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit
+            )
+            self.too_long += skipped
+            seed = config.sampling.seed * BLOCK_SEED_STRIDE + block
+            for g, ((env, ex), prompt_ids) in enumerate(zip(prompts, ids)):
+                self.prompts.append(_Pending(env, ex, prompt_ids, block * per_block + g, seed))
+        return self.prompts.popleft()
+
+    def _collect(self, finished: list[FinishedGroup]) -> None:
+        loop, config = self.loop, self.loop.config
+        for group in finished:
+            p: _Pending = group.request.key
+            rollouts = sampled_group(p.env, p.example, p.prompt_ids, group.completions, p.group_id, loop.tokenizer)
+            rewards = [r.reward for r in rollouts]
+            if loop.pools is not None:
+                loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
+            self.generated.append(rollouts)
+            if config.buffer.keep(rewards):
+                self.ready.append(rollouts)
+            steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
+            record_timeline(
+                loop.run_dir,
+                "group",
+                self.generation,
+                p.submitted,
+                time.time(),
+                group_id=p.group_id,
+                first_weights=min(steps),
+                last_weights=max(steps),
+            )
+
+    def _check_wait(self, since: float) -> None:
+        config = self.loop.config
+        timeout = config.weights_timeout or config.timeout
+        if time.monotonic() - since > timeout:
+            key = "data.weights_timeout" if config.weights_timeout else "data.timeout"
+            raise TimeoutError(
+                f"streaming rollouts: no weights new enough for the next group after {timeout:.0f}s ({key}); "
+                "is the trainer publishing through the same broadcast?"
+            )
