@@ -157,7 +157,8 @@ class StreamingRollouts:
         loop, config = self.loop, self.loop.config
         while self.stream.inflight < self.settings.max_inflight:
             target = self.generation + (len(self.ready) + self.stream.inflight) // needed
-            if loop.engine.weight_step < target * loop.shape.steps_per_rollout_generation - config.max_async_level:
+            first_step = target * loop.shape.steps_per_rollout_generation
+            if loop.engine.weight_step < max(0, first_step - config.max_async_level):  # as wait_for_weights
                 return
             pending = self._next_prompt()
             pending.submitted = time.time()

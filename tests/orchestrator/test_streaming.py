@@ -1,0 +1,107 @@
+"""Streaming rollouts (data.streaming) end to end on the tiny model: with max_async_level 0 and a step's
+prompts in flight, a streamed run trains on exactly what whole-batch generation samples; with groups of
+the next step in flight, the engine keeps decoding across weight updates and the timeline shows it;
+groups are dropped by their oldest token."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from grpokit.common.timeline import read_timeline
+from grpokit.main import main
+from grpokit.orchestrator.streaming import StreamingSettings
+from grpokit.testing import tiny_fit_argv
+
+
+def fit(tmp_path, tiny_model, name, *extra) -> tuple:
+    argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.lr", "1e-3", "--trainer.max_steps", "3", *extra)
+    assert main(argv) == 0
+    run = tmp_path / name
+    return run, [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+
+
+def test_streaming_at_async_level_0_reproduces_whole_batch_generation(tmp_path, tiny_model):
+    sync = ["--data.max_async_level", "0", "--data.sampling.stop", "[e]"]  # stops: groups finish at different steps
+    _, whole = fit(tmp_path, tiny_model, "whole", *sync)
+    run, streamed = fit(tmp_path, tiny_model, "streamed", *sync, "--data.streaming", "{max_inflight: 2}")
+    assert [r["reward"] for r in streamed] == [r["reward"] for r in whole]
+    assert [r["loss"] for r in streamed] == [r["loss"] for r in whole]
+    assert all(float(r["mixed_weight_rollouts"]) == 0.0 for r in streamed)  # nothing decodes across an update
+    spans = [e for e in read_timeline(run) if e["role"] == "group"]
+    assert len(spans) == 3 * 2 and all(e["first_weights"] == e["last_weights"] == e["step"] for e in spans)
+
+
+def test_streaming_keeps_groups_in_flight_across_weight_updates(tmp_path, tiny_model):
+    run, rows = fit(
+        tmp_path,
+        tiny_model,
+        "ahead",
+        "--trainer.max_steps",
+        "4",
+        "--data.streaming",
+        "{max_inflight: 4, on_update: continue}",
+    )
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    assert all(0.0 <= float(r["mixed_weight_rollouts"]) <= 1.0 for r in rows)
+    assert all(float(r["off_policy_gap_max"]) <= 1 for r in rows)  # max_async_level 1 holds per oldest token
+    events = read_timeline(run)
+    spans = [e for e in events if e["role"] == "group"]
+    assert len(spans) >= 4 * 2 and all(0 <= e["first_weights"] <= e["last_weights"] for e in spans)
+    assert [e["step"] for e in events if e["role"] == "weights"][:3] == [0, 1, 2]  # each update loaded mid-stream
+    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+    assert all(s["policy_step"] >= s["step"] - 1 for s in samples)
+
+
+def test_streaming_refuses_what_it_does_not_cover():
+    from grpokit.orchestrator.datamodule import Orchestrator
+    from grpokit.orchestrator.schedules import TemperatureSchedule
+
+    with pytest.raises(ValueError, match="max_inflight must be >= 1"):
+        StreamingSettings(max_inflight=0)
+    with pytest.raises(ValueError, match="data.streaming and data.temp_scheduler"):
+        Orchestrator(streaming=StreamingSettings(), temp_scheduler=TemperatureSchedule())
+
+
+def test_a_multi_turn_environment_with_streaming_is_refused_at_start(tmp_path, tiny_model):
+    argv = tiny_fit_argv(tmp_path, tiny_model, "mt", "--data.env", "[{id: guess-number}]", "--data.streaming", "{}")
+    with pytest.raises(ValueError, match="data.streaming: environment 'guess-number' is multi-turn"):
+        main(argv)
+
+
+def test_groups_are_dropped_by_their_oldest_token(tmp_path, tiny_model):
+    """A completion decoded across an update is as old as its oldest token (Rollout.policy_step), and
+    the batch's max_off_policy_steps rule drops streamed groups by it, as it drops whole-batch ones."""
+    from grpokit.inference import Completion
+    from grpokit.orchestrator.rollouts import sampled_group
+    from grpokit.testing import ChatLengthEnv
+
+    class Env(ChatLengthEnv):
+        def score(self, examples, replies):
+            return [(1.0, {}) for _ in replies]
+
+        def step_rewards(self, examples, replies):
+            return [None for _ in replies]
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return "x" * len(ids)
+
+    mixed = Completion([5, 6, 7, 8], [-1.0] * 4, False, policy_step=2, token_steps=[2, 2, 3, 3])
+    example = type("Ex", (), {"index": 0})()
+    (rollout,) = sampled_group(Env(), example, [1, 2], [mixed], 9, Tok())
+    assert rollout.policy_step == 2 and rollout.token_steps == [2, 2, 3, 3]
+    # one generation feeds 3 steps: at step 2 its groups are 2 steps old, past max_off_policy_steps 1
+    argv = tiny_fit_argv(
+        tmp_path,
+        tiny_model,
+        "r",
+        *("--data.num_iterations", "3", "--data.max_async_level", "0", "--data.max_off_policy_steps", "1"),
+        *("--data.streaming", "{max_inflight: 2}", "--trainer.max_steps", "4", "--ckpt.interval", "0"),
+    )
+    assert main(argv) == 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    assert [float(r["groups_trained"]) for r in rows] == [2.0, 2.0, 0.0, 2.0]
+    assert [float(r["dropped_off_policy_groups"]) for r in rows] == [0.0, 0.0, 2.0, 0.0]
