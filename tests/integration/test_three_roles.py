@@ -112,16 +112,16 @@ def wait_ok(procs: dict, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("transport", ["filesystem", "zmq"])
 def test_three_processes_train_together(tmp_path, tiny_model, transport):
-    """Filesystem transport on the single-turn recipe; ZMQ on a multi-turn game, whose conversations go
-    through `grpokit infer` turn by turn and whose environment tokens the trainer never trains on (its
-    logprobs match the server's on every trained token)."""
+    """Filesystem transport on the single-turn recipe, rollouts streamed; ZMQ on a multi-turn game, whose
+    conversations go through `grpokit infer` turn by turn and whose environment tokens the trainer never
+    trains on (its logprobs match the server's on every trained token)."""
     http_port = free_port()
     extra = (
         ["--data.transport", "ZMQTransport", "--data.transport.init_args.port", str(free_port())]
         + list(MULTI_TURN_GAME_FLAGS)
         + ["--data.num_logged_samples", "64", "--data.max_async_level", "0"]  # like with like: step n's weights
         if transport == "zmq"
-        else []
+        else ["--data.streaming", "{max_inflight: 4}"]  # RemoteEngine streams whole batches between updates
     )
     with three_roles(tmp_path, tiny_model, http_port, STEPS, extra) as procs:
         wait_ok(procs, tmp_path)
