@@ -168,3 +168,15 @@ def test_multiturn_bench_runs_both_variants_and_they_agree(tmp_path, tiny_model)
         on, off = turn["on"], turn["off"]
         assert on["prefill_tokens"] + on["reused_tokens"] == off["prefill_tokens"] == off["prompt_tokens"]
     assert r["total"]["on"]["prefill_tokens"] < r["total"]["off"]["prefill_tokens"]
+
+
+def test_stream_bench_runs_both_variants_on_the_same_lengths(tmp_path, tiny_model):
+    out = tmp_path / "s.json"
+    sizes = ["--steps", "3", "--groups", "3", "--group-size", "2", "--prompt-len", "5", "--max-tokens", "24"]
+    assert main(["stream", "--model", tiny_model, *sizes, "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    whole, streamed = r["whole_batch"], r["streaming"]
+    assert r["lengths"]["min"] == 8 and r["lengths"]["max"] <= 24
+    # whole-batch decodes each step until its longest group ends, so its rows idle in the tail
+    assert whole["decode_steps"] > 0 and 0 < whole["occupancy"] <= 1 and whole["tokens_per_second"] > 0
+    assert streamed["occupancy"] == 1.0 > whole["occupancy"]  # a finished group's rows refilled at once

@@ -18,6 +18,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     sub = p.add_subparsers(dest="what", required=True)
     _multiturn_args(sub.add_parser("multiturn", help="the builtin engine's prefix KV cache on and off, multi-turn"))
+    _stream_args(sub.add_parser("stream", help="whole-batch vs streaming generation, long-tailed lengths"))
     for name in ("generate", "train", "step"):
         s = sub.add_parser(name)
         s.add_argument(
@@ -90,6 +91,23 @@ def _multiturn_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json", default=None, help="also write the result to this file")
 
 
+def _stream_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--model", default="smollm2-135m", help="a model name or path (real weights: setup loads it)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default=None, help="float32 (default) or bfloat16")
+    s.add_argument("--steps", type=int, default=6)
+    s.add_argument("--groups", type=int, default=8, help="groups per step")
+    s.add_argument("--group-size", type=int, default=4, help="completions per group")
+    s.add_argument("--prompt-len", type=int, default=32)
+    s.add_argument("--min-tokens", type=int, default=8, help="the shortest group's length")
+    s.add_argument("--max-tokens", type=int, default=128, help="the length cap of the long tail")
+    s.add_argument("--alpha", type=float, default=1.2, help="Pareto shape of the lengths (smaller: longer tail)")
+    s.add_argument("--max-inflight", type=int, default=None, help="streaming's groups in flight (default: --groups)")
+    s.add_argument("--repeats", type=int, default=1, help="run both variants this often; medians")
+    s.add_argument("--threads", type=int, default=None, help="torch threads (1 on a CPU shared with other jobs)")
+    s.add_argument("--json", default=None, help="also write the result to this file")
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
@@ -97,6 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     if args.what == "multiturn":
         result = _multiturn(args)
+    elif args.what == "stream":
+        from grpokit.bench import stream
+
+        result = stream.run(
+            args.model,
+            args.steps,
+            args.groups,
+            args.group_size,
+            args.prompt_len,
+            args.min_tokens,
+            args.max_tokens,
+            args.alpha,
+            args.max_inflight,
+            args.dtype or "float32",
+            args.device,
+            args.repeats,
+            args.threads,
+        )
     elif args.what == "generate":
         from grpokit.bench import generate
 

@@ -82,6 +82,7 @@ class DecodeStream(GenerationStream):
         self.rows: list[StreamRow] = []
         self.batch: _Batch | None = None
         self.groups = 0  # admitted and not yet returned
+        self.decode_steps = self.decoded_rows = 0  # counters: occupancy = decoded_rows / (decode_steps x max_rows)
 
     @property
     def inflight(self) -> int:
@@ -136,6 +137,8 @@ class DecodeStream(GenerationStream):
 
     def _step(self) -> list[FinishedGroup]:
         b, sampling = self.batch, self.sampling
+        self.decode_steps += 1
+        self.decoded_rows += len(self.rows)
         logits_BV = b.logits_BV.float()
         if sampling.min_tokens:
             counts_B = torch.tensor([len(r.row.token_ids) for r in self.rows], device=self.device)
@@ -151,7 +154,7 @@ class DecodeStream(GenerationStream):
             r.row.logprobs.append(lp)
             r.token_steps.append(step)
             r.row.done = tok in self.stop_token_ids or stop_string_ended(r.row, sampling, decode)
-            r.ended = r.row.done or len(r.row.token_ids) >= sampling.max_tokens
+            r.ended = r.row.done or len(r.row.token_ids) >= (r.group.request.max_tokens or sampling.max_tokens)
         cache = self.engine.prefix_cache
         if cache.enabled:
             ids = [r.prompt_ids for r in self.rows]

@@ -32,12 +32,14 @@ if TYPE_CHECKING:  # grpokit.inference opens streams: no import back at run time
 
 @dataclass
 class GroupRequest:
-    """`n` completions of one prompt; `key` is the caller's handle, returned with them."""
+    """`n` completions of one prompt; `key` is the caller's handle, returned with them. `max_tokens`: this
+    group's cap, in place of the stream's sampling.max_tokens (e.g. a conversation's remaining budget)."""
 
     key: Any
     prompt_ids: list[int]
     n: int
     seed: int | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -95,9 +97,11 @@ class BatchedStream(GenerationStream):
         while self.queue and (not taken or sum(r.n for r in taken) + self.queue[0].n <= self.max_rows):
             taken.append(self.queue.popleft())
         out: list[FinishedGroup] = []
-        for n in sorted({r.n for r in taken}):  # generate takes one n: one call per distinct n
-            same = [r for r in taken if r.n == n]
-            sampling = replace(self.sampling, seed=same[0].seed if same[0].seed is not None else self.sampling.seed)
+        shapes = sorted({(r.n, r.max_tokens or self.sampling.max_tokens) for r in taken})
+        for n, max_tokens in shapes:  # generate takes one n and one max_tokens: one call per shape
+            same = [r for r in taken if (r.n, r.max_tokens or self.sampling.max_tokens) == (n, max_tokens)]
+            seed = same[0].seed if same[0].seed is not None else self.sampling.seed
+            sampling = replace(self.sampling, seed=seed, max_tokens=max_tokens)
             for request, completions in zip(same, self.engine.generate([r.prompt_ids for r in same], n, sampling)):
                 out.append(FinishedGroup(request, completions))
         order = {id(r): i for i, r in enumerate(taken)}
