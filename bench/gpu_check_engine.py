@@ -7,6 +7,8 @@
 2. The Qwen3-0.6B shape in bfloat16: greedy tokens with graphs and torch.compile on vs both off
    (fused kernels round differently, so a few near-tie argmaxes may flip: reported), and sampled
    logprobs vs a plain forward (token_mult_prob_error).
+3. The fast path's stream (data.streaming) in float32 with graphs: new weights loaded mid-decode, each
+   token's logprob against a forward with its own step's weights (within 1e-3).
 Prints one JSON object; exits 1 if a check fails.
 """
 
@@ -30,6 +32,50 @@ def fast(model, prompts, sampling, graphs: bool, slots: int, compile: bool = Tru
     runner = ModelRunner(model, num_slots=slots, max_len=256, use_cuda_graphs=graphs, compile=compile)
     gen = torch.Generator(device="cuda").manual_seed(sampling.seed)
     return generate_continuous(runner, prompts, sampling, {2}, gen), runner
+
+
+def stream_check() -> dict:
+    """The fast path's stream with CUDA graphs: 16 groups of 4 through 32 slots, new full weights loaded
+    after the first advance (`continue`); each token's logprob against a plain forward with the weights
+    of its own step (grpokit.inference.fast.stream)."""
+    from grpokit.inference.builtin import BuiltinEngine
+    from grpokit.inference.streams import GroupRequest
+    from grpokit.types import WeightUpdate
+
+    class NoText:  # a shape has random weights and no tokenizer: no stop strings, pad 0
+        pad_token_id, eos_token_id = 0, 2
+
+        def decode(self, ids, skip_special_tokens=False):
+            return ""
+
+    g = torch.Generator().manual_seed(3)
+    engine = BuiltinEngine(dtype="float32", device="cuda", fast="on", max_batch_size=32)
+    engine.model, engine.tokenizer = build_model("smollm2-135m-shape", torch.float32, "cuda"), NoText()
+    engine.max_model_len, engine.stop_token_ids, engine.vocab_size, engine.weight_step = 256, {2}, 49152, 0
+    old = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    new = {k: v + 0.02 * torch.randn_like(v) for k, v in old.items() if v.is_floating_point()}
+    lengths = torch.randint(3, 40, (16,), generator=g)
+    prompts = [torch.randint(3, 4000, (int(n),), generator=g).tolist() for n in lengths]
+    stream = engine.open_stream(SamplingSettings(temperature=1.0, max_tokens=48, seed=5), 32, "continue", 96)
+    for i, p in enumerate(prompts):
+        stream.submit(GroupRequest(i, p, 4))
+    out = {f.request.key: f.completions for f in stream.advance()}
+    stream.load_weights(WeightUpdate(step=1, tensors=new))
+    while stream.inflight:
+        out.update({f.request.key: f.completions for f in stream.advance()})
+    diffs, mixed = [], 0
+    for step, weights in ((0, old), (1, new)):
+        engine.model.load_state_dict(weights, strict=False)
+        for key, completions in out.items():
+            for c in completions:
+                steps = c.token_steps or [c.policy_step] * len(c.token_ids)
+                mixed += step == 0 and c.token_steps is not None
+                ids = torch.tensor([prompts[key] + c.token_ids], device="cuda")
+                with torch.no_grad():
+                    logits = engine.model(input_ids=ids).logits[0, len(prompts[key]) - 1 : -1].float()
+                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompts[key]) :, None]).squeeze(-1)
+                diffs += [abs(a - b) for a, b, s in zip(c.logprobs, ref.tolist(), steps) if s == step]
+    return {"completions": 64, "mixed_weight_completions": mixed, "max_abs_logprob_diff": max(diffs)}
 
 
 def main() -> int:
@@ -76,6 +122,9 @@ def main() -> int:
     ok &= rel < 2e-2
     sampled, _ = fast(model, prompts, SamplingSettings(temperature=1.0, max_tokens=64, seed=1), True, slots=64)
     report["bf16_sampled_vs_forward"] = logprob_agreement(model, prompts, sampled)
+    del model
+    report["fp32_stream_weight_update"] = stream_check()
+    ok &= report["fp32_stream_weight_update"]["max_abs_logprob_diff"] < 1e-3
     report["ok"] = bool(ok)
     text = json.dumps(report, indent=2)
     print(text)

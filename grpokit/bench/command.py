@@ -108,69 +108,74 @@ def _stream_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json", default=None, help="also write the result to this file")
 
 
+def _stream(args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    from grpokit.bench import stream
+
+    shape = (args.steps, args.groups, args.group_size, args.prompt_len, args.min_tokens, args.max_tokens, args.alpha)
+    return stream.run(
+        args.model, *shape, args.max_inflight, args.dtype or "float32", args.device, args.repeats, args.threads
+    )
+
+
+def _generate(args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    from grpokit.bench import generate
+
+    return generate.run(
+        args.model,
+        args.batch,
+        args.prompt_len,
+        args.new_tokens,
+        dtype,
+        args.device,
+        baseline=not args.no_baseline,
+        cuda_graphs=not args.no_cuda_graphs,
+        compile=not args.no_compile,
+        lora_rank=args.lora_rank,
+    )
+
+
+def _step(args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    from grpokit.bench import step
+
+    return step.run(
+        args.model, args.batch, args.prompt_len, args.new_tokens, args.micro_tokens, args.steps, dtype, args.device
+    )
+
+
+def _train(args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    from grpokit.bench import train
+
+    return train.run(
+        args.model,
+        args.tokens,
+        args.seq_len,
+        args.steps,
+        dtype,
+        args.device,
+        chunk_size=args.chunk_size,
+        lora_rank=args.lora_rank,
+        baseline=not args.no_baseline,
+        variants=args.variants.split(",") if args.variants else None,
+        group_size=args.group_size,
+        prompt_len=args.prompt_len,
+    )
+
+
+BENCHES = {
+    "multiturn": lambda args, dtype: _multiturn(args),
+    "stream": _stream,
+    "generate": _generate,
+    "step": _step,
+    "train": _train,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    if args.what == "multiturn":
-        result = _multiturn(args)
-    elif args.what == "stream":
-        from grpokit.bench import stream
-
-        result = stream.run(
-            args.model,
-            args.steps,
-            args.groups,
-            args.group_size,
-            args.prompt_len,
-            args.min_tokens,
-            args.max_tokens,
-            args.alpha,
-            args.max_inflight,
-            args.dtype or "float32",
-            args.device,
-            args.repeats,
-            args.threads,
-        )
-    elif args.what == "generate":
-        from grpokit.bench import generate
-
-        result = generate.run(
-            args.model,
-            args.batch,
-            args.prompt_len,
-            args.new_tokens,
-            dtype,
-            args.device,
-            baseline=not args.no_baseline,
-            cuda_graphs=not args.no_cuda_graphs,
-            compile=not args.no_compile,
-            lora_rank=args.lora_rank,
-        )
-    elif args.what == "step":
-        from grpokit.bench import step
-
-        result = step.run(
-            args.model, args.batch, args.prompt_len, args.new_tokens, args.micro_tokens, args.steps, dtype, args.device
-        )
-    else:
-        from grpokit.bench import train
-
-        result = train.run(
-            args.model,
-            args.tokens,
-            args.seq_len,
-            args.steps,
-            dtype,
-            args.device,
-            chunk_size=args.chunk_size,
-            lora_rank=args.lora_rank,
-            baseline=not args.no_baseline,
-            variants=args.variants.split(",") if args.variants else None,
-            group_size=args.group_size,
-            prompt_len=args.prompt_len,
-        )
+    result = BENCHES[args.what](args, dtype)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

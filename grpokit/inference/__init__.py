@@ -164,11 +164,15 @@ class InferenceEngine(ABC):
     def load_weights(self, update: WeightUpdate) -> None:
         """Switch to the weights of `update` (a LoRA adapter or a full state dict)."""
 
-    def open_stream(self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue"):
+    def open_stream(
+        self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
+    ):
         """A GenerationStream (grpokit.inference.streams): groups submitted while others decode, finished
-        groups returned as they finish, weights loaded between decode steps. This default runs each
-        advance's queued groups as one `generate` (whole batches, weights between them); engines that
-        decode incrementally override it."""
+        groups returned as they finish, weights loaded between decode steps. `max_rows`: rows decoding
+        at once; `on_update`: continue or regenerate unfinished rows after an update; `max_len`: the
+        longest prompt + completion that will be sent (engines with static caches size them by it).
+        This default runs each advance's queued groups as one `generate` (whole batches, weights between
+        them); engines that decode incrementally override it."""
         from grpokit.inference.streams import BatchedStream
 
         return BatchedStream(self, sampling, max_rows)

@@ -180,12 +180,19 @@ class BuiltinEngine(InferenceEngine):
     def context_length(self) -> int | None:
         return self.max_model_len
 
-    def open_stream(self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue"):
-        """The plain path streams natively (grpokit.inference.decode_stream); the fast path, and models
-        whose KV cache is not plain full attention, run whole batches (grpokit.inference.streams)."""
+    def open_stream(
+        self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
+    ):
+        """Both paths stream natively: the plain one (grpokit.inference.decode_stream) and the fast one
+        (grpokit.inference.fast.stream); on the plain path, models whose KV cache is not plain full
+        attention run whole batches (grpokit.inference.streams)."""
         if self.model is None:
             raise RuntimeError("BuiltinEngine.open_stream called before setup(model)")
-        if self.fast or not supports(self.model.config):
+        if self.fast:
+            from grpokit.inference.fast.stream import FastStream
+
+            return FastStream(self, sampling, max_rows, on_update, max_len)
+        if not supports(self.model.config):
             return super().open_stream(sampling, max_rows, on_update)
         from grpokit.inference.decode_stream import DecodeStream
 
@@ -287,7 +294,10 @@ class BuiltinEngine(InferenceEngine):
         need_len = min(
             self.max_model_len, -(-(max(len(x) for x in flat) + sampling.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
         )
-        need_slots = min(self.max_batch_size, len(flat))
+        return self.sized_runner(min(self.max_batch_size, len(flat)), need_len)
+
+    def sized_runner(self, need_slots: int, need_len: int) -> ModelRunner:
+        """The fast path's runner with at least `need_slots` slots of `need_len` tokens."""
         r = self.runner
         if r is None or r.num_slots < need_slots or r.max_len < need_len:
             self.runner = None  # free the old cache first

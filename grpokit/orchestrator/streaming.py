@@ -103,8 +103,9 @@ class StreamingRollouts:
                     "prompts. Set data.streaming: null for it (whole-batch generation runs every environment)"
                 )
         self.group_size = config.rollouts_per_example
+        max_len = min(config.seq_len, loop.engine.context_length() or config.seq_len)
         self.stream = loop.engine.open_stream(
-            config.sampling, settings.max_inflight * self.group_size, settings.on_update
+            config.sampling, settings.max_inflight * self.group_size, settings.on_update, max_len
         )
         self.prompts: deque[_Pending] = deque()
         self.next_block: int | None = None

@@ -1,0 +1,85 @@
+"""The fast path's stream (CPU here; bench/gpu_check_engine.py runs it on CUDA): groups admitted together
+decode as `generate` does, and a weight update between two advances continues the unfinished requests
+with the new weights, each token's logprob that of its own weights over the whole sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.inference import SamplingSettings
+from grpokit.inference.builtin import BuiltinEngine
+from grpokit.inference.streams import GroupRequest
+from grpokit.types import WeightUpdate
+
+PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
+
+
+def fast_engine(model: str) -> BuiltinEngine:
+    engine = BuiltinEngine(device="cpu", fast="on", cuda_graphs=False, compile=False)
+    engine.setup(model)
+    engine.weight_step = 0
+    return engine
+
+
+def drain(stream) -> dict:
+    out = {}
+    while stream.inflight:
+        for group in stream.advance():
+            out[group.request.key] = group.completions
+    return out
+
+
+def reference_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
+
+
+def test_groups_admitted_together_decode_as_generate(tiny_model):
+    engine = fast_engine(tiny_model)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=12, stop=["e"], seed=11)
+    expected = engine.generate(PROMPTS, 2, sampling)
+    stream = engine.open_stream(sampling, max_rows=8, max_len=6 + 12)
+    assert type(stream).__name__ == "FastStream"
+    for i, p in enumerate(PROMPTS):
+        stream.submit(GroupRequest(i, p, 2, seed=11, max_tokens=12 if i else 5))
+    got = drain(stream)
+    assert [c.token_ids for c in got[1]] == [c.token_ids for c in expected[1]]
+    for i in range(1, len(PROMPTS)):
+        for a, b in zip(got[i], expected[i]):
+            assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    assert all(len(c.token_ids) <= 5 for c in got[0])  # a group's own max_tokens
+
+
+@pytest.mark.parametrize("on_update", ["continue", "regenerate"])
+def test_a_weight_update_between_advances_continues_with_the_new_weights(tiny_model, on_update):
+    from transformers import AutoModelForCausalLM
+
+    engine = fast_engine(tiny_model)
+    old = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    state = {k: v + 0.05 * torch.randn_like(v) for k, v in old.state_dict().items() if v.is_floating_point()}
+    sampling = SamplingSettings(temperature=1.0, max_tokens=24, seed=2)  # no stop: every request runs 24 tokens
+    stream = engine.open_stream(sampling, max_rows=8, on_update=on_update, max_len=32)
+    for i, p in enumerate(PROMPTS):
+        stream.submit(GroupRequest(i, p, 2))
+    assert stream.advance() == []  # one look and a few decode steps with step 0's weights
+    stream.load_weights(WeightUpdate(step=1, tensors=state))
+    out = drain(stream)
+    new = engine.model
+    for key, completions in out.items():
+        for c in completions:
+            assert len(c.token_ids) == 24
+            if on_update == "regenerate":
+                assert c.token_steps is None and c.policy_step == 1
+                per_token = [1] * 24
+            else:
+                cut = c.token_steps.index(1)
+                assert 0 < cut < 24 and c.token_steps == [0] * cut + [1] * (24 - cut) and c.policy_step == 0
+                per_token = c.token_steps
+            ref_old = reference_logprobs(old, PROMPTS[key], c.token_ids)
+            ref_new = reference_logprobs(new, PROMPTS[key], c.token_ids)
+            ref = [o if s == 0 else n for o, n, s in zip(ref_old, ref_new, per_token)]
+            assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < 1e-4
