@@ -48,7 +48,7 @@ def generate_conversations(
     try:
         while active:
             for conv, completion in zip(active, replies):
-                _take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
+                take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
             active = [c for c in active if not c.done]
             if not active:
                 break
@@ -61,7 +61,7 @@ def generate_conversations(
     return groups
 
 
-def _take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
+def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
     """Record the model's reply, then the environment's answer, or end the conversation."""
     conv.add_completion(completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True))
     if completion.is_truncated:  # a reply cut at max_tokens ends the rollout; a game's turn then earns 0

@@ -25,9 +25,13 @@ New weights are polled before every decode step and loaded into the stream at on
 token, so the importance ratio of a mixed-weight rollout compares each token with the weights that
 sampled it (docs/orchestrator.md says which losses this is sound for).
 
-Not streamed: multi-turn tasks and verifiers Env episodes (their turns need the environment between
-two generates; a recipe with them and `data.streaming` is refused at start), and a temperature schedule.
-Not bit-reproducible on resume: the stream's decode interleaving depends on when weights arrived.
+Multi-turn tasks (tools, `respond`, verifiers toolsets) stream turn by turn: the first turn is the group's
+request (n = G), then each conversation's next turn is a request of its own (n = 1, its ids so far as the
+prompt), submitted as soon as the environment has answered (grpokit.orchestrator.multi_turn.take_turn,
+the same budget and max_turns), so a short conversation does not wait for its group's long one; the
+group is scored when its last conversation ends. Not streamed (refused at start): verifiers Env
+episodes, whose `run` drives its own turns, and a temperature schedule. Not bit-reproducible on resume:
+the stream's decode interleaving depends on when weights arrived.
 
 timeline.jsonl gets a `group` span per group (submitted to finished, with its weight steps) and a
 `weights` mark per update loaded, so `grpokit bench`'s and the docs' figures show the engine busy.
@@ -44,9 +48,12 @@ from typing import TYPE_CHECKING, Literal
 
 from grpokit.common.timeline import record_timeline
 from grpokit.inference.streams import FinishedGroup, GroupRequest
-from grpokit.orchestrator.conversation import is_multi_turn
+from grpokit.orchestrator.chat_tokens import ChatTokens
+from grpokit.orchestrator.conversation import Conversation, is_multi_turn
+from grpokit.orchestrator.multi_turn import conversation_rollouts, take_turn
 from grpokit.orchestrator.prompt_length import split_by_length
 from grpokit.orchestrator.rollouts import sampled_group
+from grpokit.orchestrator.toolsets import close_toolsets
 from grpokit.types import Rollout
 
 if TYPE_CHECKING:
@@ -88,6 +95,36 @@ class _Pending:
     submitted: float = 0.0
 
 
+@dataclass
+class _Conversations:
+    """A multi-turn prompt's G conversations in the stream: each turn is a request of its own (n = 1, the
+    conversation's ids as its prompt), and the environment answers between two (multi_turn.take_turn)."""
+
+    pending: _Pending
+    convs: list[Conversation]
+
+    @property
+    def open(self) -> int:
+        return sum(not c.done for c in self.convs)
+
+    def take_turn_of(self, conv: Conversation, completion, args: tuple) -> bool:
+        """Record the reply and the environment's answer; True when the conversation goes on."""
+        take_turn(conv, completion, *args)
+        return not conv.done
+
+    def rollouts(self, tokenizer) -> list[Rollout]:
+        close_toolsets(self.convs)
+        return conversation_rollouts([self.convs], self.pending.group_id, tokenizer)[0]
+
+
+@dataclass
+class _Turn:
+    """One conversation's next turn, as a stream request's key."""
+
+    state: _Conversations
+    conv: Conversation
+
+
 class StreamingRollouts:
     """A RolloutLoop's groups, streamed (see the module docstring); `select_groups` replaces the loop's."""
 
@@ -95,14 +132,15 @@ class StreamingRollouts:
         self.loop, self.settings = loop, settings
         config = loop.config
         for env in loop.envs:
-            if getattr(env, "episode_env", None) is not None or any(
-                is_multi_turn(ex.task, getattr(ex, "toolsets", None)) for ex in env.examples
-            ):
+            if getattr(env, "episode_env", None) is not None:
                 raise ValueError(
-                    f"data.streaming: environment {env.name!r} is multi-turn; streaming covers single-turn "
-                    "prompts. Set data.streaming: null for it (whole-batch generation runs every environment)"
+                    f"data.streaming: environment {env.name!r} runs verifiers Env episodes, which streaming does "
+                    "not cover. Set data.streaming: null for it (whole-batch generation runs every environment)"
                 )
         self.group_size = config.rollouts_per_example
+        self.chat: ChatTokens | None = None  # for multi-turn prompts, made at the first one
+        self.budget = min(config.seq_len, loop.engine.context_length() or config.seq_len)
+        self.groups_inflight = 0  # prompts submitted whose group has not finished (every turn of it)
         max_len = min(config.seq_len, loop.engine.context_length() or config.seq_len)
         self.stream = loop.engine.open_stream(
             config.sampling, settings.max_inflight * self.group_size, settings.on_update, max_len
@@ -128,7 +166,7 @@ class StreamingRollouts:
                 raise RuntimeError("orchestrator stopped while streaming rollouts")
             self._poll_weights()
             self._submit(needed)
-            if self.stream.inflight == 0:  # nothing may start yet: waiting for weights
+            if self.groups_inflight == 0:  # nothing may start yet: waiting for weights
                 idle_since = idle_since or time.monotonic()
                 self._check_wait(idle_since)
                 time.sleep(0.05)
@@ -156,13 +194,14 @@ class StreamingRollouts:
     def _submit(self, needed: int) -> None:
         """Fill the stream up to max_inflight with groups whose generation the weights allow."""
         loop, config = self.loop, self.loop.config
-        while self.stream.inflight < self.settings.max_inflight:
-            target = self.generation + (len(self.ready) + self.stream.inflight) // needed
+        while self.groups_inflight < self.settings.max_inflight:
+            target = self.generation + (len(self.ready) + self.groups_inflight) // needed
             first_step = target * loop.shape.steps_per_rollout_generation
             if loop.engine.weight_step < max(0, first_step - config.max_async_level):  # as wait_for_weights
                 return
             pending = self._next_prompt()
             pending.submitted = time.time()
+            self.groups_inflight += 1
             self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
 
     def _next_prompt(self) -> _Pending:
@@ -185,27 +224,63 @@ class StreamingRollouts:
         return self.prompts.popleft()
 
     def _collect(self, finished: list[FinishedGroup]) -> None:
-        loop, config = self.loop, self.loop.config
+        """Score the groups that finished; a multi-turn group's finished turns go on to the next."""
+        loop = self.loop
         for group in finished:
-            p: _Pending = group.request.key
-            rollouts = sampled_group(p.env, p.example, p.prompt_ids, group.completions, p.group_id, loop.tokenizer)
-            rewards = [r.reward for r in rollouts]
-            if loop.pools is not None:
-                loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
-            self.generated.append(rollouts)
-            if config.buffer.keep(rewards):
-                self.ready.append(rollouts)
-            steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
-            record_timeline(
-                loop.run_dir,
-                "group",
-                self.generation,
-                p.submitted,
-                time.time(),
-                group_id=p.group_id,
-                first_weights=min(steps),
-                last_weights=max(steps),
-            )
+            key = group.request.key
+            if isinstance(key, _Turn):
+                if key.state.take_turn_of(key.conv, group.completions[0], self._turn_args()):
+                    self._next_turn(key.state, key.conv)
+                elif not key.state.open:
+                    self._finished(key.state.pending, key.state.rollouts(loop.tokenizer))
+            elif is_multi_turn(key.example.task, getattr(key.example, "toolsets", None)):
+                self._start_conversations(key, group.completions)
+            else:
+                rollouts = sampled_group(
+                    key.env, key.example, key.prompt_ids, group.completions, key.group_id, loop.tokenizer
+                )
+                self._finished(key, rollouts)
+
+    def _start_conversations(self, p: _Pending, completions: list) -> None:
+        """A multi-turn prompt's first turn finished: G conversations, each continuing on its own."""
+        self.chat = self.chat or ChatTokens(self.loop.tokenizer)
+        messages = p.example.messages
+        convs = [Conversation(p.env, p.example, list(p.prompt_ids), [dict(m) for m in messages]) for _ in completions]
+        state = _Conversations(p, convs)
+        for conv, completion in zip(state.convs, completions):
+            if state.take_turn_of(conv, completion, self._turn_args()):
+                self._next_turn(state, conv)
+        if not state.open:
+            self._finished(p, state.rollouts(self.loop.tokenizer))
+
+    def _next_turn(self, state: _Conversations, conv: Conversation) -> None:
+        self.stream.submit(GroupRequest(_Turn(state, conv), conv.prompt_ids + conv.ids, 1))
+
+    def _turn_args(self) -> tuple:
+        config = self.loop.config
+        return self.loop.tokenizer, self.chat, self.budget, config.sampling.max_tokens, config.max_turns
+
+    def _finished(self, p: _Pending, rollouts: list[Rollout]) -> None:
+        """A group is complete: pools, dynamic sampling, the timeline."""
+        loop, config = self.loop, self.loop.config
+        self.groups_inflight -= 1
+        rewards = [r.reward for r in rollouts]
+        if loop.pools is not None:
+            loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
+        self.generated.append(rollouts)
+        if config.buffer.keep(rewards):
+            self.ready.append(rollouts)
+        steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
+        record_timeline(
+            loop.run_dir,
+            "group",
+            self.generation,
+            p.submitted,
+            time.time(),
+            group_id=p.group_id,
+            first_weights=min(steps),
+            last_weights=max(steps),
+        )
 
     def _check_wait(self, since: float) -> None:
         config = self.loop.config

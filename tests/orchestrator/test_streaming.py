@@ -65,9 +65,26 @@ def test_streaming_refuses_what_it_does_not_cover():
         Orchestrator(streaming=StreamingSettings(), temp_scheduler=TemperatureSchedule())
 
 
-def test_a_multi_turn_environment_with_streaming_is_refused_at_start(tmp_path, tiny_model):
-    argv = tiny_fit_argv(tmp_path, tiny_model, "mt", "--data.env", "[{id: guess-number}]", "--data.streaming", "{}")
-    with pytest.raises(ValueError, match="data.streaming: environment 'guess-number' is multi-turn"):
+def test_multi_turn_games_stream_turn_by_turn(tmp_path, tiny_model):
+    """A multi-turn game streams: each conversation's next turn is its own request, environment tokens
+    stay out of the loss (the trainer's logprobs match the engine's on the trained tokens at step 0)."""
+    from grpokit.testing import MULTI_TURN_GAME_FLAGS
+
+    game = [MULTI_TURN_GAME_FLAGS[0], "[{id: guess-number, args: {num_tasks: 50}}]", *MULTI_TURN_GAME_FLAGS[2:]]
+    extra = ("--data.streaming", "{max_inflight: 3}", "--data.max_async_level", "0", "--data.seq_len", "400")
+    run, rows = fit(tmp_path, tiny_model, "game", *game, *extra, "--data.num_logged_samples", "16")
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert all(float(r["env/turns"]) >= 1 for r in rows) and max(float(r["env/turns"]) for r in rows) > 1
+    assert all(abs(float(r["token_mult_prob_error"]) - 1) < 1e-4 for r in rows)
+    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+    assert max(sum(m["role"] == "assistant" for m in s["messages"]) for s in samples) >= 2
+
+
+def test_verifiers_env_episodes_with_streaming_are_refused_at_start(tmp_path, tiny_model):
+    argv = tiny_fit_argv(
+        tmp_path, tiny_model, "ep", "--data.env", "[{id: user-sim+reverse-text}]", "--data.streaming", "{}"
+    )
+    with pytest.raises(ValueError, match="data.streaming: environment 'user-sim.reverse-text' runs verifiers Env"):
         main(argv)
 
 
