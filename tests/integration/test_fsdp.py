@@ -67,7 +67,11 @@ def loss_at(run_dir, step: int) -> float:
 CUDA_DEFAULTS = ("--model.attention", "varlen", "--model.logprob_chunk_size", "16")
 
 
-def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, tiny_model):
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, tiny_model):
+    """One 3-step 2-rank FSDP2 run (checkpoints at steps 2 and 3), shared by the tests below: they copy
+    its folder before running anything in it, so each starts from the same finished run."""
+    out = tmp_path_factory.mktemp("fsdp")
     fsdp = (
         "--trainer.strategy",
         "fsdp2",
@@ -75,8 +79,12 @@ def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, t
         "2",
         "--trainer.callbacks+=grpokit.trainer.callbacks.RankChecksums",
     )
-    run(tiny_fit_argv(tmp_path, tiny_model, "fsdp", *COMMON, *CUDA_DEFAULTS, *fsdp), tmp_path / "fsdp.log")
-    run_dir = tmp_path / "fsdp"
+    run(tiny_fit_argv(out, tiny_model, "fsdp", *COMMON, *CUDA_DEFAULTS, *fsdp), out / "fsdp.log")
+    return out / "fsdp"
+
+
+def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, tiny_model, fsdp_run):
+    run_dir = fsdp_run
     assert [
         len(decode_batch((run_dir / "rollouts" / f"step_{s}.safetensors").read_bytes()).micro_batches)
         for s in range(STEPS)
@@ -114,20 +122,19 @@ def test_fsdp2_full_fine_tuning_publishes_and_resumes_on_one_process(tmp_path, t
     assert loss_at(single, 2) == pytest.approx(sharded_loss, rel=1e-5, abs=1e-7)
 
 
-def test_fsdp2_restarts_the_count_from_a_checkpoint_on_every_rank(tmp_path, tiny_model):
+def test_fsdp2_restarts_the_count_from_a_checkpoint_on_every_rank(tmp_path, tiny_model, fsdp_run):
     """ckpt.skip_progress with 2 ranks: rank 0 archives the earlier count before the other rank starts,
     which then finds the checkpoint in the archive; every rank loads its shards of the weights, and the
-    new count's step 0 publishes exactly them."""
+    new count's step 0 publishes exactly them. The earlier count is the shared 2-rank run (newest
+    checkpoint: step 3), copied."""
     fsdp = ("--trainer.strategy", "fsdp2", "--trainer.devices", "2")
-    run(
-        tiny_fit_argv(tmp_path, tiny_model, "count", *COMMON, *fsdp, "--trainer.max_steps", "2"), tmp_path / "first.log"
-    )
     run_dir = tmp_path / "count"
-    trained = load_file(run_dir / "broadcasts" / "step_2" / "model.safetensors")
+    shutil.copytree(fsdp_run, run_dir)
+    trained = load_file(run_dir / "broadcasts" / f"step_{STEPS}" / "model.safetensors")
     restart = ("--ckpt.resume_step", "-1", "--ckpt.skip_progress", "true", "--trainer.max_steps", "1")
     run(tiny_fit_argv(tmp_path, tiny_model, "count", *COMMON, *fsdp, *restart), tmp_path / "restart.log")
     (archive,) = (run_dir / "archive").iterdir()
-    assert (archive / "checkpoints" / "step_2.ckpt").exists()
+    assert (archive / "checkpoints" / f"step_{STEPS}.ckpt").exists()
     restarted = load_file(run_dir / "broadcasts" / "step_0" / "model.safetensors")
     assert all(torch.equal(restarted[k], trained[k]) for k in trained)
     assert sorted(int(d.name[5:]) for d in (run_dir / "broadcasts").glob("step_*")) == [0, 1]
