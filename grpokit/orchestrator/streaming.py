@@ -148,13 +148,14 @@ class StreamingRollouts:
         self.prompts: deque[_Pending] = deque()
         self.next_block: int | None = None
         self.ready: list[list[Rollout]] = []  # finished groups that passed buffer.keep, not yet handed out
-        self.generated: list[list[Rollout]] = []  # every group finished since the last hand-out
+        self.dropped: list[list[Rollout]] = []  # finished groups buffer.keep refused, since the last hand-out
         self.too_long = 0
         self.generation = 0
 
     def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]], int]:
-        """(every group finished since the last call, the generation's groups to train on in submission
-        order, the prompts skipped as too long), streaming until enough groups have passed."""
+        """(the generation's groups and those buffer.keep refused since the last call, the generation's
+        groups to train on in submission order, the prompts skipped as too long), streaming until enough
+        groups have passed. Groups that finish past what a generation needs wait for the next one."""
         loop = self.loop
         needed = loop.shape.prompts_per_step * loop.shape.steps_per_generation
         self.generation = generation
@@ -173,10 +174,10 @@ class StreamingRollouts:
                 continue
             idle_since = None
             self._collect(self.stream.advance())
-        kept, self.ready = self.ready[:needed], self.ready[needed:]
-        generated, self.generated = self.generated, []
-        too_long, self.too_long = self.too_long, 0
-        return generated, sorted(kept, key=lambda g: g[0].group_id), too_long
+        kept, self.ready = sorted(self.ready[:needed], key=lambda g: g[0].group_id), self.ready[needed:]
+        generated = sorted(kept + self.dropped, key=lambda g: g[0].group_id)  # what the step's metrics describe
+        too_long, self.dropped, self.too_long = self.too_long, [], 0
+        return generated, kept, too_long
 
     def close(self) -> None:
         self.stream.close()
@@ -267,9 +268,7 @@ class StreamingRollouts:
         rewards = [r.reward for r in rollouts]
         if loop.pools is not None:
             loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
-        self.generated.append(rollouts)
-        if config.buffer.keep(rewards):
-            self.ready.append(rollouts)
+        (self.ready if config.buffer.keep(rewards) else self.dropped).append(rollouts)
         steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
         record_timeline(
             loop.run_dir,

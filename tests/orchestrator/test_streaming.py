@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -42,9 +43,12 @@ def test_streaming_keeps_groups_in_flight_across_weight_updates(tmp_path, tiny_m
         "--trainer.max_steps",
         "4",
         "--data.streaming",
-        "{max_inflight: 4, on_update: continue}",
+        "{max_inflight: 6, on_update: continue}",
     )
     assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    # groups that finished past a step's needs train in the next one, which still describes them
+    assert all(float(r["groups_generated"]) >= float(r["groups_trained"]) == 2.0 for r in rows)
+    assert all(math.isfinite(float(r["reward"])) and math.isfinite(float(r["reward_std"])) for r in rows)
     assert all(0.0 <= float(r["mixed_weight_rollouts"]) <= 1.0 for r in rows)
     assert all(float(r["off_policy_gap_max"]) <= 1 for r in rows)  # max_async_level 1 holds per oldest token
     events = read_timeline(run)
