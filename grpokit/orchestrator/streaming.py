@@ -14,8 +14,11 @@ generation:
   `b * prompts_per_block + i`; too-long prompts are skipped and counted.
 - The async bound: a group is submitted only while the engine's weights are at least
   `first_step - max_async_level` of the generation it will land in (counted from the groups ready and
-  in flight), so with `max_async_level: 0` nothing is submitted for a step before its weights, and with
-  `max_inflight` covering a step's prompts streaming samples exactly what whole-batch generation does.
+  in flight, as AReaL counts its staleness), so with `max_async_level: 0` nothing is submitted for a
+  step before its weights, and with `max_inflight` covering a step's prompts streaming samples exactly
+  what whole-batch generation does. Groups finish out of order, so one that finishes after its step's
+  batch was formed trains in the next, one step older than the bound: a batch takes the oldest ready
+  groups first (by oldest token), and `max_off_policy_steps` is the hard limit.
 - `max_off_policy_steps` drops a group by its oldest token (Rollout.policy_step is the oldest token's
   weight step; Rollout.token_steps has each token's).
 
@@ -174,6 +177,7 @@ class StreamingRollouts:
                 continue
             idle_since = None
             self._collect(self.stream.advance())
+        self.ready.sort(key=lambda g: (min(r.policy_step for r in g), g[0].group_id))  # the oldest first
         kept, self.ready = sorted(self.ready[:needed], key=lambda g: g[0].group_id), self.ready[needed:]
         generated = sorted(kept + self.dropped, key=lambda g: g[0].group_id)  # what the step's metrics describe
         too_long, self.dropped, self.too_long = self.too_long, [], 0
