@@ -63,6 +63,7 @@ class Conversation:
     logprobs: list[float] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     policy_steps: list[int] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)  # per token in `ids`: the weight step that wrote it
     turn_ends: list[int] = field(default_factory=list)  # index in `ids` of each assistant turn's last token
     turn_rewards: list[float | None] = field(default_factory=list)
     tool_calls: int = 0
@@ -87,6 +88,7 @@ class Conversation:
         self.mask += [1] * len(completion.token_ids)
         self.logprobs += completion.logprobs
         self.policy_steps.append(completion.policy_step)
+        self.token_steps += completion.token_steps or [completion.policy_step] * len(completion.token_ids)
         self.turn_ends.append(len(self.ids) - 1)
         self.messages.append({"role": "assistant", "content": text})
 
@@ -95,6 +97,7 @@ class Conversation:
         self.ids += token_ids
         self.mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
+        self.token_steps += self.token_steps[-1:] * len(token_ids)  # no loss on them: the reply's step
         self.messages += messages
 
     def metrics(self) -> dict[str, float]:

@@ -125,6 +125,7 @@ def _rollouts(group: list[Conversation], scores: list, group_id: int, tokenizer)
                 step_rewards=per_turn,
                 step_ends=conv.turn_ends if per_turn else None,
                 messages=conv.messages,
+                token_steps=conv.token_steps if len(set(conv.token_steps)) > 1 else None,
             )
         )
     return rollouts
