@@ -38,20 +38,12 @@ def stream_check() -> dict:
     """The fast path's stream with CUDA graphs: 16 groups of 4 through 32 slots, new full weights loaded
     after the first advance (`continue`); each token's logprob against a plain forward with the weights
     of its own step (grpokit.inference.fast.stream)."""
-    from grpokit.inference.builtin import BuiltinEngine
+    from grpokit.bench.shapes import shape_engine
     from grpokit.inference.streams import GroupRequest
     from grpokit.types import WeightUpdate
 
-    class NoText:  # a shape has random weights and no tokenizer: no stop strings, pad 0
-        pad_token_id, eos_token_id = 0, 2
-
-        def decode(self, ids, skip_special_tokens=False):
-            return ""
-
     g = torch.Generator().manual_seed(3)
-    engine = BuiltinEngine(dtype="float32", device="cuda", fast="on", max_batch_size=32)
-    engine.model, engine.tokenizer = build_model("smollm2-135m-shape", torch.float32, "cuda"), NoText()
-    engine.max_model_len, engine.stop_token_ids, engine.vocab_size, engine.weight_step = 256, {2}, 49152, 0
+    engine = shape_engine("smollm2-135m-shape", torch.float32, "cuda", fast="on", max_batch_size=32)
     old = {k: v.clone() for k, v in engine.model.state_dict().items()}
     new = {k: v + 0.02 * torch.randn_like(v) for k, v in old.items() if v.is_floating_point()}
     lengths = torch.randint(3, 40, (16,), generator=g)

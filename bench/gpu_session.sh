@@ -9,7 +9,9 @@
 # 3. bench step (max_async_level 1 overlap) through Policy.
 # `bash bench/gpu_session.sh grpo` (a second device call) instead times bench train on a GRPO-shaped
 # batch (groups of 8 sharing a 64-token prompt, 256 trained tokens each): what the LM head on the
-# trained tokens only (logits_to_keep, 2026-11-23) saves on the GPU path.
+# trained tokens only (logits_to_keep, 2026-11-23) saves on the GPU path. `bash bench/gpu_session.sh stream`
+# (a third call) checks the fast path's stream with CUDA graphs across a weight update
+# (bench/gpu_check_engine.py) and times whole-batch vs streaming generation (grpokit bench stream).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_session_out}
@@ -26,6 +28,13 @@ run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit co
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "{\"check\": \"$name\", \"exit\": $?, \"seconds\": $((SECONDS - start))}" >> "$OUT/checks.jsonl"
 }
+if [ "${1:-}" = stream ]; then  # issue 22: the fast path's stream on CUDA, and bench stream's GPU table
+  run engine 240 python3 bench/gpu_check_engine.py --out "$OUT/engine.json"
+  run stream 240 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 --steps 4 \
+    --groups 16 --group-size 8 --max-tokens 256 --repeats 2 --json "$OUT/stream.json"
+  cat "$OUT/checks.jsonl"
+  exit 0
+fi
 if [ "${1:-}" = grpo ]; then
   run train_grpo 300 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 --lora-rank 16 \
     --group-size 8 --prompt-len 64 --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$OUT/train_grpo.json"

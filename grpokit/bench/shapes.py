@@ -125,3 +125,24 @@ def measured_bandwidth(device: str) -> float:
     end.record()
     torch.cuda.synchronize()
     return 2 * a.numel() * 4 * 10 / (start.elapsed_time(end) / 1e3)
+
+
+class NoText:
+    """The tokenizer of a shape (random weights, no vocabulary file): decodes nothing, pads with 0."""
+
+    pad_token_id, eos_token_id = 0, 2
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+def shape_engine(name: str, dtype: torch.dtype, device: str, **engine_kwargs):
+    """A BuiltinEngine around build_model(name)'s random weights (no stop strings; EOS id 2)."""
+    from grpokit.inference.builtin import BuiltinEngine
+
+    engine = BuiltinEngine(dtype=str(dtype).removeprefix("torch."), device=device, **engine_kwargs)
+    engine.model, engine.tokenizer = build_model(name, dtype, device), NoText()
+    engine.max_model_len = engine.model.config.max_position_embeddings
+    engine.stop_token_ids, engine.weight_step = {2}, 0
+    engine.vocab_size = engine.model.get_output_embeddings().weight.shape[0]
+    return engine

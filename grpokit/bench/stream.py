@@ -1,5 +1,5 @@
-"""`grpokit bench stream`: whole-batch vs streaming generation on the builtin engine's plain path, side
-by side in one process, on a long-tailed length distribution.
+"""`grpokit bench stream`: whole-batch vs streaming generation on the builtin engine, side by side in one
+process, on a long-tailed length distribution.
 
 Workload: `steps` steps of `groups` groups x `group_size` completions from random prompts of `prompt_len`
 tokens. Each group's length is drawn from a Pareto(`alpha`) distribution above `min_tokens`, cut at
@@ -13,10 +13,12 @@ decode work per group:
   submitted as soon as one finishes, a step's batch complete when `groups` more have finished
   (grpokit.orchestrator.streaming).
 
-Reported per variant: seconds per step (median and total), decode steps, occupancy (rows decoding per
-decode step / row capacity: the engine's busy fraction as an accelerator sees it, where a decode step
-costs about the same at any batch size up to capacity; on a CPU a step with fewer rows is cheaper, so
-wall-clock gains are smaller than occupancy gains), and generated tokens per second of finished groups.
+On CUDA the fast path streams (grpokit.inference.fast.stream, CUDA graphs, no torch.compile), and
+`--model` may be a shape (random weights, e.g. qwen3-0.6b). Reported per variant: seconds per step
+(median and total), decode steps, occupancy (rows decoding per decode step / row capacity: the
+engine's busy fraction as an accelerator sees it, where a decode step costs about the same at any batch
+size up to capacity; on a CPU a step with fewer rows is cheaper, so wall-clock gains are smaller than
+occupancy gains), and generated tokens per second of finished groups.
 Streaming ends with groups still in flight (their tokens not counted), as a run's last step does. The
 trainer is not simulated: with max_async_level >= 1 a step takes max(generation, training), and this is
 the generation side. `repeats` runs the pair again (order alternating) and reports the median.
@@ -30,6 +32,7 @@ import time
 import torch
 
 from grpokit.bench.generate import device_name
+from grpokit.bench.shapes import SHAPES, shape_engine
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import GroupRequest
@@ -54,9 +57,14 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     max_inflight = max_inflight or groups
-    engine = BuiltinEngine(dtype=dtype, device=device, fast="off", prefix_cache_tokens=0)
-    engine.setup(model_name)
-    engine.weight_step = 0
+    fast = "on" if device.startswith("cuda") else "off"  # the builtin engine's default path per device
+    options = dict(fast=fast, prefix_cache_tokens=0, compile=False)  # CUDA graphs, no minute-long compiles
+    if model_name in SHAPES:  # random weights of a published shape (no tokenizer)
+        engine = shape_engine(model_name, getattr(torch, dtype), device, **options)
+    else:
+        engine = BuiltinEngine(dtype=dtype, device=device, **options)
+        engine.setup(model_name)
+        engine.weight_step = 0
     g = torch.Generator().manual_seed(seed)
     count = steps * groups + max_inflight  # streaming submits up to max_inflight beyond the last step's groups
     prompts = [torch.randint(3, engine.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(count)]
@@ -85,6 +93,7 @@ def run(
         "prompt_len": prompt_len,
         "lengths": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths), "alpha": alpha},
         "max_inflight": max_inflight,
+        "path": "fast" if fast == "on" else "plain",
         "repeats": repeats,
         "torch": torch.__version__,
         **summary,

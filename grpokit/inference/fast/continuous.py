@@ -114,6 +114,7 @@ class ContinuousBatch:
         self.pick = runner.kernels.gumbel_pick if runner.kernels.compiled else None
         self.on_done: Callable[[int, list[int], list[float]], None] | None = None
         self.weight_step = 0  # recorded on each request's tokens from here on
+        self.decode_steps = self.decoded_rows = 0  # counters: busy slots summed over decode steps
 
     @property
     def active(self) -> bool:
@@ -168,6 +169,8 @@ class ContinuousBatch:
             )
             for s in busy:
                 self.slot_count[s] += 1
+            self.decode_steps += 1
+            self.decoded_rows += len(busy)
         return True
 
     def restart_live(self, keep_tokens: bool = True) -> None:

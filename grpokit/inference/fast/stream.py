@@ -55,6 +55,14 @@ class FastStream(GenerationStream):
     def inflight(self) -> int:
         return len(self.queue) + len(self.groups)
 
+    @property
+    def decode_steps(self) -> int:
+        return self.batch.decode_steps
+
+    @property
+    def decoded_rows(self) -> int:
+        return self.batch.decoded_rows
+
     @torch.no_grad()
     def advance(self) -> list[FinishedGroup]:
         with self.engine._own_stream():
