@@ -224,11 +224,11 @@ def test_a_second_engine_is_refused_and_the_first_keeps_receiving():
     publisher.start()  # blocks until an engine joins
     assert poll_until(first, -1).step == 0
     publisher.join()
-    second.poll(-1)
-    second._thread.join(timeout=30)
     with pytest.raises(
         RuntimeError, match=r"already has its engine: it reaches exactly one.*inference.init_args.base_url"
     ):
+        second.poll(-1)  # starts its receiver, which is refused: at once when it was quick, else at the next poll
+        second._thread.join(timeout=30)
         second.poll(-1)
     trainer.publish(make_update(1))
     assert poll_until(first, 0).step == 1
