@@ -152,6 +152,15 @@ class RemoteEngine(InferenceEngine):
                 )
         return self.vocab_size
 
+    def open_stream(
+        self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
+    ):
+        """One request per group, max_concurrency in flight, each group back as it is answered
+        (grpokit.inference.streams.ConcurrentStream); weights apply to the requests sent after them."""
+        from grpokit.inference.streams import ConcurrentStream
+
+        return ConcurrentStream(self, sampling, max_rows, self.max_concurrency)
+
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         self._vocabulary()
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
@@ -219,10 +228,9 @@ class RemoteEngine(InferenceEngine):
         step = answer.get("weight_step")
         if step is not None and not _is_int(step):
             raise ValueError(f"weight_step must be an integer or absent, got {step!r}")
-        self.server_weight_step = self.weight_step if step is None else step
-        return Completion(
-            token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", self.server_weight_step
-        )
+        served = self.weight_step if step is None else step  # a local: concurrent requests (streams) answer apart
+        self.server_weight_step = served
+        return Completion(token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", served)
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
         url, body = url_body

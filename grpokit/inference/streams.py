@@ -10,9 +10,12 @@ returns the groups that finished), `load_weights` between two advances. An engin
   join (prefilled, their KV cache appended to the batch's) and leave between decode steps. A weight
   update re-prefills the unfinished rows with the new weights (`continue`: their tokens so far, so each
   later token's logits are the new weights' over the whole sequence; `regenerate`: from their prompts).
+- RemoteEngine and VLLMEngine (servers): ConcurrentStream below, one request per group in flight at
+  once, each group back as its request is answered; a weight update applies to the requests sent
+  after it (a running request keeps the weights it started with: docs/orchestrator.md, "Streaming
+  rollouts", has what vLLM allows mid-request).
 - Every other engine: BatchedStream below, which runs each advance's queued groups as one `generate`,
-  so weights change only between whole batches (vLLM's server and `grpokit infer` serve one request
-  at a time per call; what they allow mid-request is in docs/orchestrator.md, "Streaming rollouts").
+  so weights change only between whole batches.
 
 A group's `seed` seeds the stream's sampler when it is admitted into an idle stream (no row decoding):
 with one admission per step's prompts, as with max_async_level 0 and max_inflight covering a step,
@@ -21,6 +24,7 @@ the stream samples exactly what `generate` samples with that seed.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, replace
@@ -106,3 +110,41 @@ class BatchedStream(GenerationStream):
                 out.append(FinishedGroup(request, completions))
         order = {id(r): i for i, r in enumerate(taken)}
         return sorted(out, key=lambda g: order[id(g.request)])
+
+
+class ConcurrentStream(GenerationStream):
+    """A stream over servers (RemoteEngine): each group is its own `generate` call, up to `max_requests`
+    in flight on worker threads (RemoteEngine's max_concurrency), and an advance returns the groups
+    whose answers have come, waiting up to `wait` seconds for one. A group's seed is its request's seed
+    (or the stream's) times 1,000,003 plus its submission number, so groups of one block sample apart.
+    Weights load between requests: the server answers each with the step it sampled with."""
+
+    def __init__(self, engine, sampling: SamplingSettings, max_rows: int, max_requests: int, wait: float = 0.05):
+        super().__init__(engine, sampling, max_rows)
+        self.pool = cf.ThreadPoolExecutor(max_workers=max(1, max_requests), thread_name_prefix="grpokit-stream")
+        self.running: dict[cf.Future, tuple[int, GroupRequest]] = {}
+        self.submitted, self.wait = 0, wait
+
+    @property
+    def inflight(self) -> int:
+        return len(self.queue) + len(self.running)
+
+    def advance(self) -> list[FinishedGroup]:
+        while self.queue:
+            request = self.queue.popleft()
+            base = request.seed if request.seed is not None else self.sampling.seed or 0
+            max_tokens = request.max_tokens or self.sampling.max_tokens
+            sampling = replace(self.sampling, seed=base * 1_000_003 + self.submitted, max_tokens=max_tokens)
+            future = self.pool.submit(self.engine.generate, [request.prompt_ids], request.n, sampling)
+            self.running[future] = (self.submitted, request)
+            self.submitted += 1
+        if not self.running:
+            return []
+        done, _ = cf.wait(self.running, timeout=self.wait, return_when=cf.FIRST_COMPLETED)
+        finished = sorted((self.running.pop(f), f) for f in done)  # in submission order
+        return [FinishedGroup(request, future.result()[0]) for (_, request), future in finished]
+
+    def close(self) -> None:
+        super().close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.running.clear()

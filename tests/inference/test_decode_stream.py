@@ -133,3 +133,25 @@ def test_engines_without_a_decode_loop_stream_whole_batches(engine):
         c.token_ids for c in engine.generate(PROMPTS[:2], 2, sampling)[0]
     ]
     assert [g.request.key for g in stream.advance()] == [2, 3] and stream.inflight == 0
+
+
+def test_servers_stream_one_request_per_group(tiny_model):
+    """RemoteEngine's stream: a request per group, answered as they come; groups of one block (one seed)
+    still sample apart, and each completion carries the step the server sampled with."""
+    from grpokit.inference.remote import RemoteEngine
+    from grpokit.inference.streams import ConcurrentStream
+    from grpokit.testing import serving
+
+    with serving(tiny_model) as (served, server):
+        served.weight_step = 3
+        engine = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0, timeout=60, max_concurrency=2)
+        engine.setup(tiny_model)
+        stream = engine.open_stream(SamplingSettings(temperature=1.0, max_tokens=6, seed=1), max_rows=8)
+        assert isinstance(stream, ConcurrentStream)
+        for i in range(4):
+            stream.submit(GroupRequest(i, PROMPTS[0], 2, seed=7))
+        out = drain(stream)
+        stream.close()
+    assert sorted(out) == [0, 1, 2, 3]
+    assert len({tuple(c.token_ids) for cs in out.values() for c in cs}) > 2  # not one sample repeated
+    assert all(c.policy_step == 3 and len(c.token_ids) <= 6 for cs in out.values() for c in cs)

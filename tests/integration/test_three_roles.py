@@ -121,7 +121,7 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
         + list(MULTI_TURN_GAME_FLAGS)
         + ["--data.num_logged_samples", "64", "--data.max_async_level", "0"]  # like with like: step n's weights
         if transport == "zmq"
-        else ["--data.streaming", "{max_inflight: 4}"]  # RemoteEngine streams whole batches between updates
+        else ["--data.streaming", "{max_inflight: 4}"]  # RemoteEngine streams a request per group
     )
     with three_roles(tmp_path, tiny_model, http_port, STEPS, extra) as procs:
         wait_ok(procs, tmp_path)
