@@ -10,12 +10,11 @@ returns the groups that finished), `load_weights` between two advances. An engin
   join (prefilled, their KV cache appended to the batch's) and leave between decode steps. A weight
   update re-prefills the unfinished rows with the new weights (`continue`: their tokens so far, so each
   later token's logits are the new weights' over the whole sequence; `regenerate`: from their prompts).
-- RemoteEngine and VLLMEngine (servers): ConcurrentStream below, one request per group in flight at
-  once, each group back as its request is answered; a weight update applies to the requests sent
-  after it (a running request keeps the weights it started with: docs/orchestrator.md, "Streaming
+- RemoteEngine (`grpokit infer`): ConcurrentStream below, one request per group in flight at once,
+  each group back as its request is answered; a weight update applies to the requests sent after it.
+- VLLMEngine and every other engine: BatchedStream below, which runs each advance's queued groups as
+  one `generate`, so weights change only between whole batches (docs/orchestrator.md, "Streaming
   rollouts", has what vLLM allows mid-request).
-- Every other engine: BatchedStream below, which runs each advance's queued groups as one `generate`,
-  so weights change only between whole batches.
 
 A group's `seed` seeds the stream's sampler when it is admitted into an idle stream (no row decoding):
 with one admission per step's prompts, as with max_async_level 0 and max_inflight covering a step,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 
+from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine, RemoteError
 from grpokit.inference.vllm.server import VLLMServe
 from grpokit.types import WeightUpdate
@@ -72,6 +73,15 @@ class VLLMEngine(RemoteEngine):
         self.base_model_name, self.serve = model_name, serve
         self.adapter: str | None = None
         self.base_step = 0  # the step of the weights served under the base name (full updates move it)
+
+    def open_stream(
+        self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
+    ):
+        """Whole batches between updates (grpokit.inference.streams.BatchedStream), not RemoteEngine's request
+        per group: load_weights unloads the previous adapter, which requests still running would be using."""
+        from grpokit.inference.streams import BatchedStream
+
+        return BatchedStream(self, sampling, max_rows)
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
