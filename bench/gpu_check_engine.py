@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from grpokit.bench.generate import logprob_agreement
+from grpokit.bench.generate import forward_logprobs, logprob_agreement
 from grpokit.bench.shapes import build_model
 from grpokit.inference import SamplingSettings
 from grpokit.inference.fast.continuous import generate_continuous
@@ -62,10 +62,7 @@ def stream_check() -> dict:
             for c in completions:
                 steps = c.token_steps or [c.policy_step] * len(c.token_ids)
                 mixed += step == 0 and c.token_steps is not None
-                ids = torch.tensor([prompts[key] + c.token_ids], device="cuda")
-                with torch.no_grad():
-                    logits = engine.model(input_ids=ids).logits[0, len(prompts[key]) - 1 : -1].float()
-                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompts[key]) :, None]).squeeze(-1)
+                ref = forward_logprobs(engine.model, prompts[key], c.token_ids)
                 diffs += [abs(a - b) for a, b, s in zip(c.logprobs, ref.tolist(), steps) if s == step]
     return {"completions": 64, "mixed_weight_completions": mixed, "max_abs_logprob_diff": max(diffs)}
 

@@ -18,6 +18,7 @@ import torch
 
 from grpokit.advantage import Advantage
 from grpokit.filter import Filter
+from grpokit.inference import InferenceEngine
 from grpokit.loss import Loss, LossInputs
 from grpokit.noise import NoiseScheduler
 from grpokit.types import MicroBatch, Rollout, TrainingBatch
@@ -461,6 +462,32 @@ MULTI_TURN_GAME_FLAGS = (
     "--data.max_turns",
     "3",
 )
+
+
+def drain(stream) -> dict:
+    """Advance a GenerationStream until nothing is in flight; each finished group's completions by its key."""
+    out = {}
+    while stream.inflight:
+        for group in stream.advance():
+            out[group.request.key] = group.completions
+    return out
+
+
+class ReplyEngine(InferenceEngine):
+    """An InferenceEngine for tests that writes scripted replies: `reply(prompt_ids, i)` for the i-th of
+    each prompt's n completions (subclasses define it); no model, no weights."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok, self.end = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def setup(self, model) -> None:
+        pass
+
+    def load_weights(self, update) -> None:
+        pass
+
+    def generate(self, prompts, n, sampling):
+        return [[self.reply(ids, i) for i in range(n)] for ids in prompts]
 
 
 def in_background(fn, *args) -> tuple[threading.Thread, list]:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference import Completion, SamplingSettings
 from grpokit.orchestrator.conversation import is_multi_turn
 from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.testing import play
+from grpokit.testing import ReplyEngine, play
 
 pytestmark = pytest.mark.unit
 
@@ -162,24 +162,15 @@ def test_multi_turn_environment_grades_each_turn(envs):
     assert r == pytest.approx(2 / 3) and metrics == {"answered": 3.0} and r_wrong == 0.0
 
 
-class QuizEngine(InferenceEngine):
+class QuizEngine(ReplyEngine):
     """Answers the last question of each prompt: rollout A always right; rollout B first wrong, then right,
     and its reply to turn `cut_turn` (0-based) runs into max_tokens."""
 
     def __init__(self, tokenizer, cut_turn: int | None = None) -> None:
-        self.tok, self.cut_turn = tokenizer, cut_turn
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        super().__init__(tokenizer)
+        self.cut_turn = cut_turn
 
-    def setup(self, model):
-        pass
-
-    def load_weights(self, update):
-        pass
-
-    def generate(self, prompts, n, sampling):
-        return [[self._reply(ids, i) for i in range(n)] for ids in prompts]
-
-    def _reply(self, ids, i):
+    def reply(self, ids, i):
         text = self.tok.decode(ids)
         turn = text.count("<|im_start|>assistant") - 1
         is_b = (turn == 0 and i == 1) or "Wrong" in text
@@ -258,22 +249,10 @@ def test_what_the_trainer_sees(envs, tokenizer):
     assert adv_b[0] < 0 and adv_b[-1] < adv_a[-1]
 
 
-class CountEngine(InferenceEngine):
+class CountEngine(ReplyEngine):
     """Answers count-letters: right, except the second of a group's first replies (one letter too many)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tok, self.end = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def setup(self, model):
-        pass
-
-    def load_weights(self, update):
-        pass
-
-    def generate(self, prompts, n, sampling):
-        return [[self._reply(ids, i) for i in range(n)] for ids in prompts]
-
-    def _reply(self, ids, i):
+    def reply(self, ids, i):
         text = self.tok.decode(ids)
         word = re.findall(r"How many letters has the word '(\w+)'", text)[-1]
         wrong = i == 1 and "Count again" not in text

@@ -45,15 +45,21 @@ def hf_generate(model, input_ids, new_tokens: int):
     )
 
 
+def forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """Each completion token's logprob under `model` (temperature-scaled), from one plain forward over
+    prompt + completion: the reference an engine's recorded logprobs are checked against."""
+    ids = torch.tensor([prompt + completion], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+
+
 def logprob_agreement(model, prompts, results, count: int = 16) -> dict[str, float]:
     """Engine logprobs vs a plain forward of the same weights on `count` sampled sequences."""
     errors, max_abs = [], 0.0
     device = next(model.parameters()).device
     for prompt, (tokens, logprobs, _) in list(zip(prompts, results))[:count]:
-        ids = torch.tensor([prompt + tokens], device=device)
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        want = forward_logprobs(model, prompt, tokens)
         delta = torch.tensor(logprobs, device=device) - want
         errors.append(torch.exp(delta.abs()).mean().item())
         max_abs = max(max_abs, delta.abs().max().item())

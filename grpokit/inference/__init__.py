@@ -92,6 +92,15 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     token_steps: list[int] | None = None
 
+    @classmethod
+    def from_steps(
+        cls, token_ids: list[int], logprobs: list[float], is_truncated: bool, steps: list[int]
+    ) -> Completion:
+        """A streamed completion whose token i came from weight step steps[i]: policy_step is the oldest
+        token's, and token_steps is kept only when the steps differ."""
+        mixed = len(set(steps)) > 1
+        return cls(token_ids, logprobs, is_truncated, min(steps), token_steps=list(steps) if mixed else None)
+
 
 @dataclass
 class NewTokens:

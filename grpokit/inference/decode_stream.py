@@ -32,7 +32,7 @@ import torch
 from grpokit.inference import Completion, SamplingSettings
 from grpokit.inference.logits_processors import apply_min_tokens, apply_repetition_penalty, mark_seen, seen_tokens
 from grpokit.inference.prefix_cache import _plain_layers
-from grpokit.inference.sampler import Row, decode_step, keep_finished, next_tokens, prefill, stop_string_ended
+from grpokit.inference.sampler import Row, decode_step, next_tokens, prefill, stop_string_ended
 from grpokit.inference.streams import FinishedGroup, GenerationStream, GroupRequest
 
 
@@ -156,10 +156,9 @@ class DecodeStream(GenerationStream):
             r.row.done = tok in self.stop_token_ids or stop_string_ended(r.row, sampling, decode)
             r.ended = r.row.done or len(r.row.token_ids) >= (r.group.request.max_tokens or sampling.max_tokens)
         cache = self.engine.prefix_cache
-        if cache.enabled:
-            ids = [r.prompt_ids for r in self.rows]
-            keep_finished(cache, b.cache, b.mask_BW, ids, [r.row for r in self.rows], list(range(len(ids))), False)
-            self._keep_ended(cache, b)
+        if cache.enabled:  # each row that ended, with what it fed the model: its prompt, all but its last token
+            ended = [(j, [*r.prompt_ids, *r.row.token_ids[:-1]]) for j, r in enumerate(self.rows) if r.ended]
+            cache.keep(b.cache, b.mask_BW, ended)
         finished = self._finished()
         live = [j for j, r in enumerate(self.rows) if not r.ended]
         if not live:
@@ -177,13 +176,6 @@ class DecodeStream(GenerationStream):
         b.logits_step_B = [self.engine.weight_step] * len(live)
         return finished
 
-    def _keep_ended(self, cache, b: _Batch) -> None:
-        """Rows that ended at max_tokens (not `done`) are kept in the prefix cache too, as sample_rows does."""
-        ended = [
-            (j, [*r.prompt_ids, *r.row.token_ids[:-1]]) for j, r in enumerate(self.rows) if r.ended and not r.row.done
-        ]
-        cache.keep(b.cache, b.mask_BW, ended)
-
     def _finished(self) -> list[FinishedGroup]:
         out = []
         for r in self.rows:
@@ -191,7 +183,11 @@ class DecodeStream(GenerationStream):
                 continue
             r.group.ended += 1
             if r.group.ended == r.group.request.n:
-                out.append(FinishedGroup(r.group.request, [_completion(x) for x in r.group.rows]))
+                completions = [
+                    Completion.from_steps(x.row.token_ids, x.row.logprobs, not x.row.done, x.token_steps)
+                    for x in r.group.rows
+                ]
+                out.append(FinishedGroup(r.group.request, completions))
         self.groups -= len(out)
         return out
 
@@ -215,14 +211,6 @@ class DecodeStream(GenerationStream):
         self.engine.prefix_cache.follow_weights(self.engine.model)
         merged = self.engine.merged
         return merged.active() if merged is not None else contextlib.nullcontext()
-
-
-def _completion(r: StreamRow) -> Completion:
-    steps = r.token_steps
-    mixed = len(set(steps)) > 1
-    return Completion(
-        r.row.token_ids, r.row.logprobs, not r.row.done, min(steps), token_steps=list(steps) if mixed else None
-    )
 
 
 def _joined(a: _Batch, b: _Batch) -> _Batch:

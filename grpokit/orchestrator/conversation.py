@@ -74,6 +74,11 @@ class Conversation:
     done: bool = False
     is_truncated: bool = False
 
+    @classmethod
+    def opening(cls, env: Any, example: Any, prompt_ids: list[int]) -> Conversation:
+        """A conversation of `example` before its first reply: its prompt's ids and messages."""
+        return cls(env, example, list(prompt_ids), [dict(m) for m in example.messages])
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.ids)

@@ -40,8 +40,8 @@ from typing import Any
 from grpokit.orchestrator.chat_tokens import ChatTokens
 from grpokit.orchestrator.conversation import Conversation
 from grpokit.orchestrator.environment import make_chat_trace, prompt_messages
+from grpokit.orchestrator.multi_turn import SEED_STRIDE  # generate round r samples with seed * SEED_STRIDE + r
 
-SEED_STRIDE = 1_000_033  # generate round r of a step samples with seed * SEED_STRIDE + r (as multi_turn's turns)
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
 
 

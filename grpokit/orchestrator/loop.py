@@ -129,9 +129,7 @@ class RolloutLoop:
     def one_pass_steps(self) -> int:
         """The optimizer steps in which the prompt order draws every example once (trainer.max_steps -1).
         A generation reserves `buffer.rounds` blocks (its resampling rounds), used or not."""
-        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
-        num_sampled = math.ceil(num_prompts * self.config.buffer.oversampling_factor)
-        generations = max(1, self.prompts.blocks_per_pass(num_sampled) // self.config.buffer.rounds)
+        generations = max(1, self.prompts.blocks_per_pass(self.prompts_per_block()) // self.config.buffer.rounds)
         return generations * self.shape.steps_per_rollout_generation
 
     def run(self, first_step: int | None = None) -> None:
@@ -226,11 +224,11 @@ class RolloutLoop:
         """
         config = self.config
         num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
-        num_sampled = math.ceil(num_prompts * config.buffer.oversampling_factor)
+        num_sampled = self.prompts_per_block()
         generated, kept, too_long = [], [], 0
         for round_ in range(config.buffer.rounds):
             block = generation * config.buffer.rounds + round_
-            seed = config.sampling.seed * 1_000_003 + block
+            seed = self.block_seed(block)
             sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
             taken = self.prompts.take(block, num_sampled)
             prompts, prompt_ids, skipped = split_by_length(self.tokenizer, taken, self.prompt_limit)
@@ -252,6 +250,15 @@ class RolloutLoop:
             if len(kept) >= num_prompts:
                 break
         return generated, kept[:num_prompts], too_long
+
+    def prompts_per_block(self) -> int:
+        """Prompts a block of the prompt order holds: a generation's prompts, times buffer.oversampling_factor."""
+        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
+        return math.ceil(num_prompts * self.config.buffer.oversampling_factor)
+
+    def block_seed(self, block: int) -> int:
+        """The sampling seed of prompt block `block` (its own, so a resumed run samples it again the same)."""
+        return self.config.sampling.seed * 1_000_003 + block
 
     def temperature(self, generation: int) -> float:
         """The sampling temperature of a generation (= step by default; the trainer scales its logits by it too)."""

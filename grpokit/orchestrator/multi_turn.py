@@ -38,7 +38,7 @@ def generate_conversations(
     """Run G conversations per prompt to their end; one list per prompt, in prompt order."""
     chat = ChatTokens(tokenizer)
     groups = [
-        [Conversation(env, ex, list(ids), [dict(m) for m in ex.messages]) for _ in range(rollouts_per_example)]
+        [Conversation.opening(env, ex, ids) for _ in range(rollouts_per_example)]
         for (env, ex), ids in zip(prompts, prompt_ids)
     ]
     completions = engine.generate(prompt_ids, rollouts_per_example, sampling)

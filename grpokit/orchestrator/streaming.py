@@ -43,7 +43,6 @@ timeline.jsonl gets a `group` span per group (submitted to finished, with its we
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -63,7 +62,6 @@ if TYPE_CHECKING:
     from grpokit.orchestrator.loop import RolloutLoop
 
 log = logging.getLogger(__name__)
-BLOCK_SEED_STRIDE = 1_000_003  # as RolloutLoop.select_groups: block b samples with seed * stride + b
 
 
 @dataclass
@@ -109,11 +107,6 @@ class _Conversations:
     @property
     def open(self) -> int:
         return sum(not c.done for c in self.convs)
-
-    def take_turn_of(self, conv: Conversation, completion, args: tuple) -> bool:
-        """Record the reply and the environment's answer; True when the conversation goes on."""
-        take_turn(conv, completion, *args)
-        return not conv.done
 
     def rollouts(self, tokenizer) -> list[Rollout]:
         close_toolsets(self.convs)
@@ -212,10 +205,8 @@ class StreamingRollouts:
     def _next_prompt(self) -> _Pending:
         """The next prompt to submit, from the next block when this one is used up (as whole-batch
         generation draws, seeds and numbers them)."""
-        loop, config = self.loop, self.loop.config
-        per_block = math.ceil(
-            loop.shape.prompts_per_step * loop.shape.steps_per_generation * config.buffer.oversampling_factor
-        )
+        loop = self.loop
+        per_block = loop.prompts_per_block()
         while not self.prompts:
             block = self.next_block
             self.next_block += 1
@@ -223,7 +214,7 @@ class StreamingRollouts:
                 loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit
             )
             self.too_long += skipped
-            seed = config.sampling.seed * BLOCK_SEED_STRIDE + block
+            seed = loop.block_seed(block)
             for g, ((env, ex), prompt_ids) in enumerate(zip(prompts, ids)):
                 self.prompts.append(_Pending(env, ex, prompt_ids, block * per_block + g, seed))
         return self.prompts.popleft()
@@ -234,7 +225,8 @@ class StreamingRollouts:
         for group in finished:
             key = group.request.key
             if isinstance(key, _Turn):
-                if key.state.take_turn_of(key.conv, group.completions[0], self._turn_args()):
+                take_turn(key.conv, group.completions[0], *self._turn_args())
+                if not key.conv.done:
                     self._next_turn(key.state, key.conv)
                 elif not key.state.open:
                     self._finished(key.state.pending, key.state.rollouts(loop.tokenizer))
@@ -249,11 +241,10 @@ class StreamingRollouts:
     def _start_conversations(self, p: _Pending, completions: list) -> None:
         """A multi-turn prompt's first turn finished: G conversations, each continuing on its own."""
         self.chat = self.chat or ChatTokens(self.loop.tokenizer)
-        messages = p.example.messages
-        convs = [Conversation(p.env, p.example, list(p.prompt_ids), [dict(m) for m in messages]) for _ in completions]
-        state = _Conversations(p, convs)
+        state = _Conversations(p, [Conversation.opening(p.env, p.example, p.prompt_ids) for _ in completions])
         for conv, completion in zip(state.convs, completions):
-            if state.take_turn_of(conv, completion, self._turn_args()):
+            take_turn(conv, completion, *self._turn_args())
+            if not conv.done:
                 self._next_turn(state, conv)
         if not state.open:
             self._finished(p, state.rollouts(self.loop.tokenizer))

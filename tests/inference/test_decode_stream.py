@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit.bench.generate import forward_logprobs
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import BatchedStream, GroupRequest
+from grpokit.testing import drain
 from grpokit.types import WeightUpdate
 
 PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
@@ -22,22 +24,6 @@ def engine(tiny_model):
     engine.setup(tiny_model)
     engine.weight_step = 0
     return engine
-
-
-def drain(stream) -> dict:
-    out = {}
-    while stream.inflight:
-        for group in stream.advance():
-            out[group.request.key] = group.completions
-    return out
-
-
-def reference_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
-    """Each completion token's logprob under `model`, from one forward over prompt + completion."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
 
 
 def test_groups_admitted_together_decode_exactly_as_generate(engine):
@@ -76,7 +62,7 @@ def test_rows_joining_a_running_batch_keep_their_own_logprobs(engine):
         stream.submit(GroupRequest(i, p, 2))
     for key, completions in drain(stream).items():
         for c in completions:
-            ref = reference_logprobs(engine.model, (PROMPTS * 2)[key], c.token_ids, 0.7)
+            ref = forward_logprobs(engine.model, (PROMPTS * 2)[key], c.token_ids, 0.7).tolist()
             assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < 1e-4
 
 
@@ -115,8 +101,8 @@ def test_a_weight_update_between_decode_steps_continues_with_the_new_weights(tin
             else:
                 assert c.token_steps == [0] * 5 + [1] * 11 and c.policy_step == 0
                 per_token = c.token_steps
-            ref_old = reference_logprobs(old, PROMPTS[key], c.token_ids)
-            ref_new = reference_logprobs(new, PROMPTS[key], c.token_ids)
+            ref_old = forward_logprobs(old, PROMPTS[key], c.token_ids).tolist()
+            ref_new = forward_logprobs(new, PROMPTS[key], c.token_ids).tolist()
             ref = [o if s == 0 else n for o, n, s in zip(ref_old, ref_new, per_token)]
             assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < 1e-4
             assert max(abs(a - b) for a, b in zip(c.logprobs[5:], ref_old[5:])) > 1e-3  # the update mattered

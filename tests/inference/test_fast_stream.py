@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit.bench.generate import forward_logprobs
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import GroupRequest
+from grpokit.testing import drain
 from grpokit.types import WeightUpdate
 
 PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
@@ -20,21 +22,6 @@ def fast_engine(model: str) -> BuiltinEngine:
     engine.setup(model)
     engine.weight_step = 0
     return engine
-
-
-def drain(stream) -> dict:
-    out = {}
-    while stream.inflight:
-        for group in stream.advance():
-            out[group.request.key] = group.completions
-    return out
-
-
-def reference_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
 
 
 def test_groups_admitted_together_decode_as_generate(tiny_model):
@@ -79,7 +66,7 @@ def test_a_weight_update_between_advances_continues_with_the_new_weights(tiny_mo
                 cut = c.token_steps.index(1)
                 assert 0 < cut < 24 and c.token_steps == [0] * cut + [1] * (24 - cut) and c.policy_step == 0
                 per_token = c.token_steps
-            ref_old = reference_logprobs(old, PROMPTS[key], c.token_ids)
-            ref_new = reference_logprobs(new, PROMPTS[key], c.token_ids)
+            ref_old = forward_logprobs(old, PROMPTS[key], c.token_ids).tolist()
+            ref_new = forward_logprobs(new, PROMPTS[key], c.token_ids).tolist()
             ref = [o if s == 0 else n for o, n, s in zip(ref_old, ref_new, per_token)]
             assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < 1e-4

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference import Completion, SamplingSettings
 from grpokit.orchestrator.conversation import Conversation, environment_turn, is_multi_turn
 from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.toolsets import close_toolsets, tool_methods
+from grpokit.testing import ReplyEngine
 
 pytestmark = pytest.mark.unit
 
@@ -332,22 +333,10 @@ def test_duplicate_names_and_mcp_proxies_are_refused_at_load():
         tool_sources(SimpleNamespace(), [ProxyTask(vf.TaskData(prompt="hi"))])
 
 
-class ScriptedEngine(InferenceEngine):
+class ScriptedEngine(ReplyEngine):
     """Calls `add` on its first turn, then answers with the tool's result."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tok, self.end = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def setup(self, model):
-        pass
-
-    def load_weights(self, update):
-        pass
-
-    def generate(self, prompts, n, sampling):
-        return [[self._reply(ids) for _ in range(n)] for ids in prompts]
-
-    def _reply(self, ids):
+    def reply(self, ids, i):
         text = self.tok.decode(ids)
         result = text.split("<|im_start|>tool\n")[-1].split("<|im_end|>")[0] if "<|im_start|>tool" in text else None
         ids = self.tok.encode(result or call("add", a=2, b=1), add_special_tokens=False) + [self.end]

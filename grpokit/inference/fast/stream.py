@@ -116,11 +116,9 @@ class FastStream(GenerationStream):
 
     def _completion(self, i: int) -> Completion:
         tokens, logprobs, truncated = self.batch.results[i]
-        bounds = self.batch.weight_steps[i]
+        bounds = self.batch.weight_steps[i]  # (first token index, weight step), ascending
         steps = [next(s for start, s in reversed(bounds) if start <= t) for t in range(len(tokens))]
-        mixed = len(set(steps)) > 1
-        first = steps[0] if steps else bounds[-1][1]
-        return Completion(tokens, logprobs, truncated, min(steps, default=first), token_steps=steps if mixed else None)
+        return Completion.from_steps(tokens, logprobs, truncated, steps or [bounds[-1][1]])
 
     def _rebuild(self, step: int) -> None:
         """A new runner for the re-wrapped model; the unfinished groups' rows start over (regenerate)."""
