@@ -13,6 +13,7 @@ import contextlib
 import json
 import threading
 import time
+from abc import abstractmethod
 
 import torch
 
@@ -488,6 +489,10 @@ class ReplyEngine(InferenceEngine):
 
     def generate(self, prompts, n, sampling):
         return [[self.reply(ids, i) for i in range(n)] for ids in prompts]
+
+    @abstractmethod
+    def reply(self, prompt_ids: list[int], i: int):
+        """The Completion of the i-th reply to `prompt_ids` (abstract: not a component of the registry)."""
 
 
 def in_background(fn, *args) -> tuple[threading.Thread, list]:
