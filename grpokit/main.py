@@ -19,6 +19,7 @@ from grpokit.cli.component_args import check_component_names
 from grpokit.cli.discovery import discover
 from grpokit.cli.recipe_files import check_recipe_files
 from grpokit.cli.registry_cmd import registry_main
+from grpokit.common.errors import RunDataError
 from grpokit.run import Startup
 from grpokit.sweep import commands
 
@@ -60,9 +61,15 @@ LIBRARY_NOTICES = (
 )
 
 
+def _not_an_advert(record: logging.LogRecord) -> bool:
+    return "litlogger" not in record.getMessage()
+
+
 def quiet_library_notices() -> None:
+    """Silence LIBRARY_NOTICES, and Lightning's tip, at every start, to install its cloud logger."""
     for message in LIBRARY_NOTICES:
         warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
 
 
 def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
@@ -109,7 +116,10 @@ def entry(argv: list[str] | None = None) -> int:
       checkpoint: the message names the key and the fix): exit code 2;
     - an I/O error during training (a full disk, a file that cannot be written, in the trainer or the
       rollout thread): the message names the file; exit code 1. The writes are atomic, so the files
-      already written are whole and the run continues from its newest checkpoint once it is fixed.
+      already written are whole and the run continues from its newest checkpoint once it is fixed;
+    - a RunDataError during training (a reward that is not a moderate number, a batch file of another
+      step or cut short): the message names the environment and example or the file, and the fix; exit
+      code 1, nothing trained on that data.
     Other failures during training keep their traceback."""
     startup = Startup()
     try:
@@ -121,7 +131,13 @@ def entry(argv: list[str] | None = None) -> int:
             print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
             remove_if_no_files(startup.created_run_dir)
             return 2
-        if startup.started and (io_error := os_error_in(e)) is not None:
+        if startup.started and (data_error := cause_of_type(e, RunDataError)) is not None:
+            print(
+                f"grpokit: error: {data_error}\n(training stopped; set GRPOKIT_TRACEBACK=1 for the traceback)",
+                file=sys.stderr,
+            )
+            return 1
+        if startup.started and (io_error := cause_of_type(e, OSError)) is not None:
             print(
                 f"grpokit: error: {io_error}\n(training stopped; once that is fixed, continue from the newest "
                 "checkpoint with --ckpt.resume_step -1; set GRPOKIT_TRACEBACK=1 for the traceback)",
@@ -131,10 +147,10 @@ def entry(argv: list[str] | None = None) -> int:
         raise
 
 
-def os_error_in(e: BaseException) -> OSError | None:
-    """The OSError that `e` is or was raised from (the rollout thread's arrives wrapped by the trainer's
-    RuntimeError), or None."""
-    while e is not None and not isinstance(e, OSError):
+def cause_of_type(e: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The exception of type `kind` that `e` is or was raised from (the rollout thread's arrives
+    wrapped by the trainer's RuntimeError), or None."""
+    while e is not None and not isinstance(e, kind):
         e = e.__cause__
     return e
 

@@ -104,11 +104,16 @@ def _checkpoint_folder(run_dir: Path, skip_progress: bool) -> Path:
     return folder
 
 
-def start_engine(engine, broadcast, policy, run_dir: Path):
+def start_engine(engine, broadcast, policy, run_dir: Path, data=None):
     """The engine side of every role that samples (fit, infer, orchestrate), in one order: refuse QeRL
-    norms the engine cannot take, open the broadcast in the run folder, load the policy's model into the
-    engine. Returns the policy's tokenizer."""
+    norms the engine cannot take, load the tokenizer and with it the environments and filters of
+    `data` (the Orchestrator, in the roles that sample prompts: a bad dataset stops the start before
+    the model loads), open the broadcast in the run folder, load the policy's model into the engine.
+    Returns the policy's tokenizer."""
     check_engine_accepts_norms(engine, policy.noise_scheduler, broadcast)
+    tokenizer = load_tokenizer(policy.model_name)
+    if data is not None:
+        data.prepare(tokenizer)
     broadcast.setup(run_dir)
     engine.setup(policy.model_name)
-    return load_tokenizer(policy.model_name)
+    return tokenizer

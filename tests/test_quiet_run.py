@@ -1,13 +1,13 @@
 """A run prints what a user can act on: none of the library notices every run used to print (transformers'
 past_key_values rename, Lightning's weights_only default and dataloader_iter notices, deprecations
-inside Lightning and peft)."""
+inside Lightning and peft, Lightning's advert for its cloud logger)."""
 
 import subprocess
 import sys
 
 from grpokit.testing import tiny_fit_argv
 
-NOTICES = ("past_key_values", "weights_only", "dataloader_iter", "LeafSpec", "is_gradient_checkpointing")
+NOTICES = ("past_key_values", "weights_only", "dataloader_iter", "LeafSpec", "is_gradient_checkpointing", "litlogger")
 
 
 def test_a_fit_with_checkpoints_prints_no_library_notices(tmp_path, tiny_model):

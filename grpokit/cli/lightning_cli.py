@@ -163,7 +163,7 @@ class GrpoCLI(LightningCLI):
             return
         engine: InferenceEngine = config["inference"]
         broadcast: WeightBroadcast = config["broadcast"]
-        tokenizer = start_engine(engine, broadcast, self.model, run.run_dir)
+        tokenizer = start_engine(engine, broadcast, self.model, run.run_dir, self.datamodule)
         self._discard_stale_weights(broadcast)
         self.datamodule.connect(
             engine,

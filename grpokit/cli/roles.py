@@ -123,8 +123,8 @@ def orchestrate(cli) -> int:
     config = cli.config_init
     engine: InferenceEngine = config["inference"]
     broadcast = config["broadcast"]
-    tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
     data = cli.datamodule
+    tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir, data)
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.run.start_step, published.step if published else 0)
     loop = data.connect(

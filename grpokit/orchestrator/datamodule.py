@@ -23,7 +23,7 @@ from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
-from grpokit.orchestrator.environment import EnvSpec
+from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.evaluation import EvalSettings
 from grpokit.orchestrator.experts import ExpertSettings
 from grpokit.orchestrator.kl_reward import KLInRewardSettings
@@ -182,12 +182,27 @@ class Orchestrator(L.LightningDataModule):
             raise ValueError(f"data.max_turns must be >= 1 (assistant turns per rollout), got {max_turns}")
         self.max_turns = max_turns
         self.loop: RolloutLoop | None = None  # the producer, once connect() gives it an engine
+        self.environments: tuple[list[Environment], list[Environment] | None] | None = None  # prepare()
         self.run_dir: Path | None = None  # connect_trainer sets these three
         self.max_steps, self.start_step = 0, 0
         self._thread: threading.Thread | None = None  # the loop's thread in co-locate mode
         self._error: BaseException | None = None  # what ended that thread, for receive()
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
+    def prepare(self, tokenizer) -> tuple[list[Environment], list[Environment] | None]:
+        """Load the training and eval environments and give the filters the policy's tokenizer, once:
+        the roles that sample call it before the engine loads the model, so a bad dataset or filter
+        setting stops the start in seconds, as one line naming it. Returns (training, eval or None)."""
+        if self.environments is None:
+            training = [Environment(spec) for spec in self.env_specs]
+            evaluation = None
+            if self.eval_settings is not None and self.eval_settings.env:
+                evaluation = [Environment(spec) for spec in self.eval_settings.env]
+            for f in self.filters:
+                f.connect(tokenizer)
+            self.environments = (training, evaluation)
+        return self.environments
+
     def connect(
         self,
         engine: InferenceEngine,

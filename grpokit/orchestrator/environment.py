@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpokit.common.errors import RunDataError
 from grpokit.orchestrator.episode_env import load_episode_env
 from grpokit.orchestrator.toolsets import tool_sources
 
@@ -127,7 +128,7 @@ class Environment:
         out = []
         for ex, tr, outcome in zip(examples, traces, outcomes):
             if isinstance(outcome, Exception):
-                raise ValueError(
+                raise RunDataError(
                     f"environment {self.name!r} example {ex.index}: scoring the reply {tr.last_reply!r:.200} failed "
                     f"({type(outcome).__name__}: {outcome}); fix the reward function of data.env id {self.spec.id!r}"
                 ) from outcome
@@ -135,14 +136,14 @@ class Environment:
                 raise outcome
             if tr.not_numbers:
                 name, value = tr.not_numbers[0]
-                raise ValueError(
+                raise RunDataError(
                     f"environment {self.name!r} example {ex.index}: reward {name!r} is {value!r:.100} "
                     f"({type(value).__name__}), expected a number; return a float from the reward function "
                     f"of data.env id {self.spec.id!r}"
                 )
             reward = tr.reward
             if reward is None or not is_moderate(float(reward)):
-                raise ValueError(
+                raise RunDataError(
                     f"environment {self.name!r} example {ex.index}: reward is {reward!r}, expected a finite number "
                     f"with |reward| <= {MAX_ABS_REWARD:g}; fix or rescale the reward function of data.env id "
                     f"{self.spec.id!r}"
@@ -166,7 +167,7 @@ class Environment:
                 or any(not 0 < end <= len(reply) for end in ends)
                 or not all(is_moderate(r) for _, r in steps or [])
             ):
-                raise ValueError(
+                raise RunDataError(
                     f"environment {self.name!r} example {ex.index}: step_rewards returned {pairs}; expected (end, "
                     f"reward) pairs with ascending ends in 1..{len(reply)} (the reply's length) and rewards that are "
                     f"finite numbers (not str or bool) with |reward| <= {MAX_ABS_REWARD:g}"

@@ -71,13 +71,12 @@ class Evaluator:
     def __init__(
         self,
         settings: EvalSettings,
-        training_envs: list[Environment],
+        envs: list[Environment],
         sampling: SamplingSettings,
         run_dir: Path,
         start_step: int = 0,
     ) -> None:
         self.settings, self.run_dir = settings, Path(run_dir)
-        envs = [Environment(spec) for spec in settings.env] if settings.env else training_envs
         sampler = PromptSampler(envs, settings.seed)
         self.prompts = sampler.next(len(sampler.pools[0]) if settings.num_examples == -1 else settings.num_examples)
         self.sampling = replace(

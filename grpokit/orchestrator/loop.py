@@ -23,7 +23,7 @@ import torch
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.timeline import record_timeline
 from grpokit.inference import InferenceEngine
-from grpokit.orchestrator.environment import Environment, UnscoredEnvironment
+from grpokit.orchestrator.environment import UnscoredEnvironment
 from grpokit.orchestrator.evaluation import Evaluator
 from grpokit.orchestrator.experts import expert_rollouts
 from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
@@ -84,10 +84,8 @@ class RolloutLoop:
         self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
         self.pack_trees = config.packing == "prefix_tree" or (config.packing == "auto" and trainer_shares_prefixes)
         self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
-        scored = [Environment(spec) for spec in config.env_specs]
+        scored, eval_envs = config.prepare(tokenizer)
         self.envs = [UnscoredEnvironment(env) for env in scored] if config.buffer.skip_verification else scored
-        for f in config.filters:
-            f.connect(tokenizer)
         self.pools = self._restored_pools(restore_buffer)
         self.prompts = self._prompt_sampler()
         if max_steps == -1:  # trainer.max_steps -1: one pass over the data
@@ -97,7 +95,9 @@ class RolloutLoop:
         )
         self.evaluator = None
         if config.eval_settings:
-            self.evaluator = Evaluator(config.eval_settings, scored, config.sampling, self.run_dir, start_step)
+            self.evaluator = Evaluator(
+                config.eval_settings, eval_envs or scored, config.sampling, self.run_dir, start_step
+            )
         self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
         if config.kl_in_reward is not None:
             scorer = ReferenceScorer(reference_model, row_tokens=config.seq_len)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from grpokit.common.errors import RunDataError
 from grpokit.types import TrainingBatch
 
 
@@ -53,7 +54,7 @@ def checked_step(batch: TrainingBatch, step: int, transport: Transport) -> Train
     """`batch`, if it is the batch of `step`; training another step's batch in its place would lose
     `step` and train the other twice, with nothing in the metrics to show it."""
     if batch.step != step:
-        raise RuntimeError(
+        raise RunDataError(
             f"{transport.source(step)} holds the batch of step {batch.step}, not of step {step}, which the trainer "
             "asked for: a batch file was copied or renamed, or two orchestrators send to this run; remove it and "
             f"resume the run so that the orchestrator samples step {step} again"

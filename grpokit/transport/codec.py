@@ -9,6 +9,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from grpokit.common.errors import RunDataError
 from grpokit.types import MicroBatch, PrefixTree, TrainingBatch
 
 FORMAT = "grpokit.TrainingBatch"
@@ -17,7 +18,7 @@ MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch) if f.init and f.name !=
 TREE_FIELDS = [f.name for f in fields(PrefixTree) if not f.name.startswith("_")]
 
 
-class BatchFormatError(ValueError):
+class BatchFormatError(RunDataError):
     """The bytes are not a TrainingBatch this version of grpokit can read."""
 
 

@@ -3,13 +3,14 @@ with an error naming the environment and example; what the run wrote before stay
 
 import csv
 import json
+import re
 import sys
 import textwrap
 
 import pytest
 import torch
 
-from grpokit.main import main
+from grpokit.main import entry, main
 from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
@@ -144,10 +145,12 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
     [
         (1e308, r"reward is 1e\+308, expected a finite number with \|reward\| <= 1e\+06; fix or rescale"),
         ("0.5", r"reward 'misbehave' is '0.5' \(str\), expected a number"),
+        (True, r"reward 'misbehave' is True \(bool\), expected a number"),
     ],
-    ids=["1e308", "str"],
+    ids=["1e308", "str", "bool"],
 )
-def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad_env, reward, message):
+def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad_env, capsys, reward, message):
+    """Through the `grpokit` command: one line naming the environment and example (exit 1), no traceback."""
     # 1e308 used to give NaN advantages (the group std overflows), skipped steps and an error blaming model.lr.
     import bad_reward_env
 
@@ -165,10 +168,10 @@ def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad
         "--trainer.max_steps",
         "2",
     )
-    with pytest.raises(
-        RuntimeError, match=r"the orchestrator failed: .*environment 'bad-reward-env' example \d+: " + message
-    ):
-        main(argv)
+    assert entry(argv) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"grpokit: error: environment 'bad-reward-env' example \d+: " + message, err), err[-3000:]
+    assert "Traceback" not in err
     metrics = tmp_path / "bad" / "metrics.csv"  # no step trained
     assert not metrics.exists() or not [r for r in csv.DictReader(open(metrics)) if r.get("loss")]
 

@@ -4,11 +4,15 @@ by the `grpokit` command at start with one line naming the key and the fix (exit
 Run through `grpokit.main.entry` (what the console script calls) on the tiny model.
 """
 
+import contextlib
+import json
 import os
 import re
+import subprocess
 
 import pytest
 
+from grpokit.inference.builtin import BuiltinEngine
 from grpokit.main import entry
 from grpokit.testing import tiny_fit_argv
 
@@ -78,16 +82,49 @@ def test_an_output_dir_under_a_file_is_refused(tmp_path, tiny_model, capsys):
     assert "cannot create or write run folders in" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
-def test_a_read_only_output_dir_is_refused(tmp_path, tiny_model, capsys):
-    out = tmp_path / "ro"
-    out.mkdir()
-    out.chmod(0o555)
+@contextlib.contextmanager
+def read_only_folder(path):
+    """`path`, read-only to this process: mode 555, or, for root (which writes through modes), a
+    read-only tmpfs mounted on it; the test skips where root may not mount."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield path
+        finally:
+            path.chmod(0o755)
+        return
     try:
-        assert entry(tiny_fit_argv(out, tiny_model, "r")) == 2
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
+    except OSError:  # no mount command
+        pytest.skip("root without a mount command: no read-only folder to test with")
+    if mounted.returncode != 0:
+        pytest.skip(f"root may not mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
     finally:
-        out.chmod(0o755)
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_read_only_output_dir_is_refused(tmp_path, tiny_model, capsys):
+    with read_only_folder(tmp_path / "ro") as out:
+        assert entry(tiny_fit_argv(out, tiny_model, "r")) == 2
     assert "not a writable folder" in capsys.readouterr().err
+
+
+def test_a_dataset_line_that_is_not_utf8_is_refused_before_the_model_loads(tmp_path, tiny_model, capsys, monkeypatch):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"question": "a", "answer": "b"}\n{"question": "caf\xe9", "answer": "b"}\n')
+
+    def no_model(self, *args, **kwargs):
+        raise AssertionError("the engine loaded the model before the dataset was read")
+
+    monkeypatch.setattr(BuiltinEngine, "setup", no_model)
+    env = json.dumps([{"id": "jsonl", "args": {"path": str(data)}}])
+    assert entry(tiny_fit_argv(tmp_path, tiny_model, "r", "--data.env", env)) == 2
+    err = capsys.readouterr().err
+    assert f"jsonl: {data} line 2: not UTF-8 (byte 0xe9 at character 18); save the file as UTF-8" in err
+    assert "Traceback" not in err
 
 
 def test_an_empty_model_folder_names_model_model(tmp_path, capsys):

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from grpokit.common.errors import RunDataError
 from grpokit.orchestrator import Orchestrator
 from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError
@@ -27,7 +28,7 @@ def test_a_batch_file_holding_another_steps_batch_is_refused(tmp_path):
     shutil.copy(rollouts / "step_8.safetensors", rollouts / "step_7.safetensors")
     assert_same_batch(next(stream), make_training_batch(6, tokens=8))
     with pytest.raises(
-        RuntimeError,
+        RunDataError,
         match=r"data.transport FilesystemTransport file .*rollouts/step_7.safetensors holds the batch of step 8, "
         r"not of step 7, which the trainer asked for: .*resume the run so that the orchestrator samples step 7",
     ):
