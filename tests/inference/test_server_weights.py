@@ -1,6 +1,8 @@
 """GET /v1/weights: the server loads the newest published step before answering, and its checksum of the
-weights it holds equals the trainer's; RemoteEngine's served_weight_step is the minimum over its servers;
-the orchestrator learns the trainer's progress from the servers when only they may poll the broadcast."""
+weights it holds equals the trainer's; a step with a truncated file (full weights or a LoRA adapter) is
+logged naming the file while the server serves on; RemoteEngine's served_weight_step is the minimum over
+its servers; the orchestrator learns the trainer's progress from the servers when only they may poll the
+broadcast."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 from contextlib import ExitStack
+from functools import partial
 
 import pytest
 import torch
@@ -28,12 +31,20 @@ from grpokit.testing import serving
 from grpokit.types import WeightUpdate
 
 
-def get(url: str) -> tuple[int, dict]:
+def get(url: str, data: bytes | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    status, answer = get(url, json.dumps(body).encode())
+    for key in ("id", "created"):  # differ between identical answers
+        answer.pop(key, None)
+    return status, answer
 
 
 def lora_update(tiny_model: str, step: int) -> WeightUpdate:
@@ -70,6 +81,44 @@ def test_weights_endpoint_loads_the_newest_step_first_and_its_checksum_is_the_tr
         status, answer = get(server.url + "/weights?sha256=true")
         assert status == 200 and answer["weight_step"] == 2 == engine.weight_step  # loaded before answering
         assert answer["sha256"] == tensors_sha256(update.tensors)
+
+
+def full_update(engine, step: int) -> WeightUpdate:
+    """A full-weights update: the engine's own weights."""
+    return WeightUpdate(step=step, tensors={k: v.clone() for k, v in engine.model.state_dict().items()})
+
+
+@pytest.mark.parametrize(
+    ("kind", "file"), [("full", "model.safetensors"), ("lora", "adapter_model.safetensors")], ids=["full", "lora"]
+)
+def test_a_truncated_step_is_logged_with_its_path_and_the_server_serves_on(tiny_model, tmp_path, caplog, kind, file):
+    """Step 1 loads; step 2's weights file (model.safetensors, or a LoRA adapter's adapter_model.safetensors)
+    is cut short after STABLE: answers come from the weights the engine holds (the same tokens, weight_step
+    1), the log names the file once, GET /v1/weights answers a 500 naming it, and the next good step loads."""
+    trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
+    trainer.setup(tmp_path)
+    reader.setup(tmp_path)
+    body = {"prompt": [1, 520, 9531, 198], "max_tokens": 4, "temperature": 0}
+    with serving(tiny_model, reader) as (engine, server):
+        update = (lambda step: full_update(engine, step)) if kind == "full" else partial(lora_update, tiny_model)
+        trainer.publish(update(1))
+        held = post(server.url + "/completions", body)
+        assert held[0] == 200 and held[1]["weight_step"] == 1 == engine.weight_step
+        trainer.publish(update(2))
+        (weights,) = tmp_path.rglob("step_2/*.safetensors")
+        assert weights.name == file
+        weights.write_bytes(weights.read_bytes()[:100])
+        with caplog.at_level("ERROR", logger="grpokit.inference.server.generation"):
+            answers = [post(server.url + "/completions", body) for _ in range(2)]
+        assert answers == [held, held]  # the weights of step 1, still
+        (record,) = [r for r in caplog.records if "cut short or corrupt" in r.getMessage()]
+        assert str(weights) in record.getMessage() and "serving on with the weights of step 1" in record.getMessage()
+        status, answer = get(server.url + "/weights")
+        message = answer["error"]["message"]
+        assert status == 500 and str(weights) in message and "(the engine holds step 1)" in message, answer
+        trainer.publish(update(3))
+        status, answer = post(server.url + "/completions", body)
+        assert status == 200 and answer["weight_step"] == 3 == engine.weight_step
 
 
 def test_weights_endpoint_refusals(tiny_model):

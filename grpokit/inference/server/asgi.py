@@ -7,7 +7,8 @@ What it adds to a plain uvicorn, each bounded by a `server.limits` key (ServerLi
   slow or half-sent request is answered 408 and disconnected, instead of holding a connection for ever;
 - the body size from Content-Length before reading (`max_body_bytes`, 413), and while reading a
   chunked body; a malformed or negative Content-Length is h11's 400;
-- open connections (`max_connections`, uvicorn's 503) and the listen backlog (`backlog`);
+- open connections (`max_connections`: a request on one more is answered 503 with Retry-After, by
+  TimedH11Protocol instead of uvicorn's limit_concurrency) and the listen backlog (`backlog`);
 - a client that hangs up: its request leaves the queue, or the engine stops it between two decode
   steps (EngineCall.cancelled), streamed or not;
 - `stream: true`: the events the engine thread emits, written as they come (StreamingResponse);
@@ -54,9 +55,13 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
 
-def timed_h11(read_timeout: float) -> type[H11Protocol]:
+def timed_h11(read_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline of `read_timeout` seconds for each request's line and
-    headers, from the connection's start or the previous answer; uvicorn itself has none."""
+    headers, from the connection's start or the previous answer (uvicorn itself has none), and at most
+    `max_connections` open connections served: a request on a connection beyond them (or while as many
+    requests run) is answered 503 with Retry-After: 1, naming the key, and the connection closed. This
+    replaces uvicorn's limit_concurrency, whose 503 is plain text without Retry-After and which counts the
+    requesting connection among the open ones (limit_concurrency=2 serves one connection at a time)."""
 
     class TimedH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -64,6 +69,7 @@ def timed_h11(read_timeout: float) -> type[H11Protocol]:
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.app = partial(admit, self.app, self, max_connections)  # one protocol per connection
             self._arm()
 
         def on_response_complete(self) -> None:
@@ -97,6 +103,25 @@ def timed_h11(read_timeout: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return TimedH11Protocol
+
+
+async def admit(app, protocol: H11Protocol, max_connections: int, scope, receive, send) -> None:
+    """Run the ASGI `app` for a request on `protocol`'s connection, or answer 503 with Retry-After when
+    more than `max_connections` connections are open (this one included) or requests run (this one's
+    task included)."""
+    if len(protocol.connections) > max_connections or len(protocol.tasks) > max_connections:
+        log.warning(
+            "%d connections open: a request answered 503 (server.limits.max_connections)", len(protocol.connections)
+        )
+        busy = RequestError(
+            f"{len(protocol.connections)} connections are open, over server.limits.max_connections="
+            f"{max_connections}; retry later",
+            status=503,
+            retry_after=1,
+        )
+        await json_response(503, busy.body(), {**busy.headers(), "Connection": "close"})(scope, receive, send)
+        return
+    await app(scope, receive, send)
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -318,7 +343,7 @@ class OpenAIServer:
         self.server_address = self.socket.getsockname()[:2]
         config = uvicorn.Config(
             asgi_app(app),
-            http=timed_h11(app.limits.read_timeout),
+            http=timed_h11(app.limits.read_timeout, app.limits.max_connections),
             ws="none",
             lifespan="off",
             loop="asyncio",
@@ -326,7 +351,7 @@ class OpenAIServer:
             access_log=False,
             server_header=False,
             backlog=app.limits.backlog,
-            limit_concurrency=app.limits.max_connections,
+            limit_concurrency=None,  # max_connections is TimedH11Protocol's
             timeout_graceful_shutdown=app.limits.shutdown_timeout,
         )
         self.uvicorn = _Uvicorn(config, app)

@@ -22,7 +22,8 @@ class ServerLimits:
             Retry-After estimated from the queue and recent request times.
         read_timeout: seconds a client has to send its request line and headers, and again its body;
             slower clients are answered 408 and disconnected.
-        max_connections: open connections; more are answered 503 (uvicorn's limit_concurrency).
+        max_connections: open connections the server answers; a request on one more is answered 503
+            with Retry-After: 1, naming this key, and that connection closed.
         backlog: the listen backlog: connections the kernel queues until the server accepts them.
         shutdown_timeout: seconds that SIGTERM (or close) waits for the request the engine is running;
             after that it is answered 503 and the server exits without waiting for the engine.
