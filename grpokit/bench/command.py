@@ -19,6 +19,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="what", required=True)
     _multiturn_args(sub.add_parser("multiturn", help="the builtin engine's prefix KV cache on and off, multi-turn"))
     _stream_args(sub.add_parser("stream", help="whole-batch vs streaming generation, long-tailed lengths"))
+    _server_args(sub.add_parser("server", help="`grpokit infer`'s req/s and p50/p99 latency, vs an older tree's"))
     for name in ("generate", "train", "step"):
         s = sub.add_parser(name)
         s.add_argument(
@@ -108,6 +109,31 @@ def _stream_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json", default=None, help="also write the result to this file")
 
 
+def _server_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--model", default="tiny", help="tiny (the tests' random 2-layer model) or a model name/path")
+    s.add_argument("--levels", default="1,8,32", help="comma list of concurrent clients")
+    s.add_argument("--requests", type=int, default=64, help="requests per level per round (at least one a client)")
+    s.add_argument("--rounds", type=int, default=3, help="rounds; the servers alternate within each")
+    s.add_argument("--warmup", type=int, default=8, help="requests to each server before measuring")
+    s.add_argument("--max-tokens", type=int, default=8, help="tokens per completion (min_tokens too)")
+    s.add_argument("--threads", type=int, default=1, help="each server's torch threads (--num_threads)")
+    s.add_argument(
+        "--baseline-src", default=None, help="source tree of an older grpokit (a git worktree) to measure too"
+    )
+    s.add_argument(
+        "--src", default=None, help="measure this source tree's server as the new one (default: this grpokit)"
+    )
+    s.add_argument("--json", "--out", dest="json", default=None, help="also write the result to this file")
+
+
+def _server(args: argparse.Namespace) -> dict:
+    from grpokit.bench import server
+
+    levels = tuple(int(c) for c in args.levels.split(","))
+    sizes = (levels, args.requests, args.rounds, args.warmup, args.max_tokens, args.threads)
+    return server.run(args.model, *sizes, baseline_src=args.baseline_src, src=args.src)
+
+
 def _stream(args: argparse.Namespace, dtype: torch.dtype) -> dict:
     from grpokit.bench import stream
 
@@ -163,6 +189,7 @@ def _train(args: argparse.Namespace, dtype: torch.dtype) -> dict:
 
 BENCHES = {
     "multiturn": lambda args, dtype: _multiturn(args),
+    "server": lambda args, dtype: _server(args),
     "stream": _stream,
     "generate": _generate,
     "step": _step,
@@ -174,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    device = getattr(args, "device", "cpu")  # `server` has neither: its servers choose
+    dtype = getattr(torch, getattr(args, "dtype", None) or ("bfloat16" if device.startswith("cuda") else "float32"))
     result = BENCHES[args.what](args, dtype)
     text = json.dumps(result, indent=2)
     print(text)

@@ -1,14 +1,15 @@
-"""The HTTP layer of `grpokit infer`'s server: Starlette on uvicorn (h11), the stack vLLM's server uses.
+"""The HTTP layer of `grpokit infer`'s server: Starlette on uvicorn (httptools), the stack vLLM's server uses.
 
-One event loop serves every connection; request bodies are parsed and checked on Starlette's thread pool
-(OpenAIApp.dispatch), and engine work is queued for the one engine thread (grpokit.inference.server.worker).
+One event loop serves every connection; request bodies are parsed and checked (OpenAIApp.dispatch) on
+the loop when small and on Starlette's thread pool when large, answers are serialised the same way, and
+engine work is queued for the one engine thread (grpokit.inference.server.worker).
 What it adds to a plain uvicorn, each bounded by a `server.limits` key (ServerLimits):
-- a deadline for a request's line and headers (TimedH11Protocol) and for its body (`read_timeout`): a
+- a deadline for a request's line and headers (TimedProtocol) and for its body (`read_timeout`): a
   slow or half-sent request is answered 408 and disconnected, instead of holding a connection for ever;
 - the body size from Content-Length before reading (`max_body_bytes`, 413), and while reading a
-  chunked body; a malformed or negative Content-Length is h11's 400;
+  chunked body; a malformed or negative Content-Length is the parser's 400;
 - open connections (`max_connections`: a request on one more is answered 503 with Retry-After, by
-  TimedH11Protocol instead of uvicorn's limit_concurrency) and the listen backlog (`backlog`);
+  TimedProtocol instead of uvicorn's limit_concurrency) and the listen backlog (`backlog`);
 - a client that hangs up: its request leaves the queue, or the engine stops it between two decode
   steps (EngineCall.cancelled), streamed or not;
 - `stream: true`: the events the engine thread emits, written as they come (StreamingResponse);
@@ -36,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import RequestError
@@ -55,32 +56,33 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
 
-def timed_h11(read_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline of `read_timeout` seconds for each request's line and
+def timed_protocol(read_timeout: float, max_connections: int) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a deadline of `read_timeout` seconds for each request's line and
     headers, from the connection's start or the previous answer (uvicorn itself has none), and at most
     `max_connections` open connections served: a request on a connection beyond them (or while as many
     requests run) is answered 503 with Retry-After: 1, naming the key, and the connection closed. This
     replaces uvicorn's limit_concurrency, whose 503 is plain text without Retry-After and which counts the
-    requesting connection among the open ones (limit_concurrency=2 serves one connection at a time)."""
+    requesting connection among the open ones (limit_concurrency=2 serves one connection at a time).
 
-    class TimedH11Protocol(H11Protocol):
+    httptools (C) rather than h11 (pure Python): h11 parsing and its event objects cost ~0.3 ms per
+    request, which made a 1-client request slower than the stdlib server's (docs/benchmarks.md)."""
+
+    class TimedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
-        _armed_cycle: object = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.app = partial(admit, self.app, self, max_connections)  # one protocol per connection
             self._arm()
 
+        def on_headers_complete(self) -> None:
+            self._disarm()  # the request's line and headers arrived in time
+            super().on_headers_complete()
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self.cycle is None or self.cycle.response_complete:  # not when a pipelined request started
+            if not self.pipeline and not self.transport.is_closing():  # no next request's headers yet
                 self._arm()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self._deadline is not None and self.cycle is not self._armed_cycle:  # its headers arrived
-                self._disarm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -88,7 +90,6 @@ def timed_h11(read_timeout: float, max_connections: int) -> type[H11Protocol]:
 
         def _arm(self) -> None:
             self._disarm()
-            self._armed_cycle = self.cycle
             self._deadline = self.loop.call_later(read_timeout, self._expire)
 
         def _disarm(self) -> None:
@@ -102,10 +103,10 @@ def timed_h11(read_timeout: float, max_connections: int) -> type[H11Protocol]:
                 self.transport.write(REQUEST_TIMEOUT)
                 self.transport.close()
 
-    return TimedH11Protocol
+    return TimedProtocol
 
 
-async def admit(app, protocol: H11Protocol, max_connections: int, scope, receive, send) -> None:
+async def admit(app, protocol: HttpToolsProtocol, max_connections: int, scope, receive, send) -> None:
     """Run the ASGI `app` for a request on `protocol`'s connection, or answer 503 with Retry-After when
     more than `max_connections` connections are open (this one included) or requests run (this one's
     task included)."""
@@ -139,7 +140,7 @@ async def read_body(request: Request, limits: ServerLimits) -> bytes:
         f"request body over {limits.max_body_bytes} bytes (server.limits.max_body_bytes)", status=413
     )
     declared = request.headers.get("content-length")
-    if declared is not None and int(declared) > limits.max_body_bytes:  # h11 has checked it is a number
+    if declared is not None and int(declared) > limits.max_body_bytes:  # the parser has checked it is a number
         raise too_large
 
     async def collect() -> bytes:
@@ -278,6 +279,20 @@ class EngineStream(StreamingResponse):
             self.closed()
 
 
+# A small request is parsed, and a small answer serialised, on the event loop (well under a millisecond);
+# larger ones on Starlette's thread pool, so that a long body or answer does not hold up other
+# connections. Each hand-off to the pool cost ~0.2 ms a request, most of a 1-client request's overhead.
+INLINE_BODY_BYTES = 64 * 1024
+INLINE_ANSWER_TOKENS = 512
+
+
+def is_small(answer: Any) -> bool:
+    """Whether an answer holds at most INLINE_ANSWER_TOKENS completion tokens (its OpenAI `usage`)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return isinstance(tokens, int) and tokens <= INLINE_ANSWER_TOKENS
+
+
 def error_body(e: BaseException, request: Request) -> dict:
     if isinstance(e, RequestError):
         return e.body()
@@ -291,11 +306,18 @@ def asgi_app(app: OpenAIApp) -> Starlette:
     async def endpoint(request: Request) -> Response:
         try:
             body = await read_body(request, app.limits) if request.method == "POST" else b""
-            answer = await run_in_threadpool(app.dispatch, request.method, request.url.path, request.url.query, body)
+            route = (request.method, request.url.path, request.url.query, body)
+            answer = (
+                app.dispatch(*route)
+                if len(body) <= INLINE_BODY_BYTES
+                else await run_in_threadpool(app.dispatch, *route)
+            )
             if isinstance(answer, OnEngine):
                 if answer.stream:
                     return await streamed(app.worker, request, answer.work)
                 answer = await on_engine(app.worker, request, answer.work)
+                if is_small(answer):
+                    return json_response(200, answer)
                 return await run_in_threadpool(json_response, 200, answer)
             return json_response(200, answer)
         except RequestError as e:
@@ -343,15 +365,16 @@ class OpenAIServer:
         self.server_address = self.socket.getsockname()[:2]
         config = uvicorn.Config(
             asgi_app(app),
-            http=timed_h11(app.limits.read_timeout, app.limits.max_connections),
+            http=timed_protocol(app.limits.read_timeout, app.limits.max_connections),
             ws="none",
             lifespan="off",
             loop="asyncio",
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # no proxy in front: the client address is the socket's
             backlog=app.limits.backlog,
-            limit_concurrency=None,  # max_connections is TimedH11Protocol's
+            limit_concurrency=None,  # max_connections is TimedProtocol's
             timeout_graceful_shutdown=app.limits.shutdown_timeout,
         )
         self.uvicorn = _Uvicorn(config, app)
