@@ -10,11 +10,11 @@ returns the groups that finished), `load_weights` between two advances. An engin
   join (prefilled, their KV cache appended to the batch's) and leave between decode steps. A weight
   update re-prefills the unfinished rows with the new weights (`continue`: their tokens so far, so each
   later token's logits are the new weights' over the whole sequence; `regenerate`: from their prompts).
-- RemoteEngine (`grpokit infer`): ConcurrentStream below, one request per group in flight at once,
-  each group back as its request is answered; a weight update applies to the requests sent after it.
-- VLLMEngine and every other engine: BatchedStream below, which runs each advance's queued groups as
-  one `generate`, so weights change only between whole batches (docs/orchestrator.md, "Streaming
-  rollouts", has what vLLM allows mid-request).
+- RemoteEngine (`grpokit infer`) and VLLMEngine: ConcurrentStream below, one request per group in
+  flight at once, each group back as its request is answered; a weight update applies to the requests
+  sent after it (docs/orchestrator.md, "Streaming rollouts", has what vLLM allows mid-request).
+- Every other engine: BatchedStream below, which runs each advance's queued groups as one `generate`,
+  so weights change only between whole batches.
 
 A group's `seed` seeds the stream's sampler when it is admitted into an idle stream (no row decoding):
 with one admission per step's prompts, as with max_async_level 0 and max_inflight covering a step,
@@ -143,7 +143,11 @@ class ConcurrentStream(GenerationStream):
         finished = sorted((self.running.pop(f), f) for f in done)  # in submission order
         return [FinishedGroup(request, future.result()[0]) for (_, request), future in finished]
 
-    def close(self) -> None:
+    def close(self, wait: float = 60.0) -> None:
+        """Drop the queued groups and wait up to `wait` seconds for the requests in flight (as a whole-batch
+        run's last generate is waited for): a server stopped under them (`grpokit fit` stops its vLLM
+        next) would hang its shutdown on them, and their retries would outlive the run."""
         super().close()
+        cf.wait(list(self.running), timeout=wait)
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.running.clear()

@@ -133,11 +133,16 @@ class RolloutLoop:
         return generations * self.shape.steps_per_rollout_generation
 
     def run(self, first_step: int | None = None) -> None:
-        """Produce and send the batches of steps first_step (default start_step) .. max_steps - 1."""
-        for step in range(self.start_step if first_step is None else first_step, self.max_steps):
-            if self.stopping.is_set():
-                return
-            self.config.transport.send(self.make_batch(step))
+        """Produce and send the batches of steps first_step (default start_step) .. max_steps - 1; then
+        close the stream of data.streaming (groups sampled ahead for later steps are dropped)."""
+        try:
+            for step in range(self.start_step if first_step is None else first_step, self.max_steps):
+                if self.stopping.is_set():
+                    return
+                self.config.transport.send(self.make_batch(step))
+        finally:
+            if self.streaming is not None:
+                self.streaming.close()
 
     def make_batch(self, step: int) -> TrainingBatch:
         """The batch of `step`: its share of its generation's groups, advantages, filter flags, metrics, packed."""

@@ -5,6 +5,7 @@ The real server is exercised in tests/integration/test_vllm_cpu.py (needs the vL
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference import SamplingSettings
+from grpokit.inference.streams import GroupRequest
 from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.types import WeightUpdate
 
@@ -21,11 +23,14 @@ class StubVLLM(BaseHTTPRequestHandler):
     weight_step."""
 
     calls: list[tuple[str, dict]] = []
+    hold: dict[str, threading.Event] = {}  # completions for these adapter names wait until set
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.calls.append((self.path, body))
         if self.path.endswith("/completions"):
+            if (gate := self.hold.get(body["model"])) is not None:
+                assert gate.wait(timeout=30)
             choices = [
                 {
                     "index": i,
@@ -49,7 +54,7 @@ class StubVLLM(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub_url():
-    StubVLLM.calls = []
+    StubVLLM.calls, StubVLLM.hold = [], {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), StubVLLM)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/v1"
@@ -94,3 +99,37 @@ def test_refuses_full_weights_and_updates_without_a_folder(stub_url):
     with pytest.raises(ValueError, match="FilesystemBroadcast"):
         engine.load_weights(WeightUpdate(step=1, tensors={}, lora_config={"r": 2}))
     assert StubVLLM.calls == []
+
+
+def test_a_stream_loads_weights_while_requests_run_on_the_adapter_they_were_sent_with(tmp_path, stub_url):
+    """Streaming: a group's request sent with step 1's adapter is still running when step 2 loads. Step 1
+    stays loaded until that request is answered (with step 1), then it is unloaded; a group sent after
+    the load samples with step 2."""
+    engine = VLLMEngine(stub_url, model_name="base")
+    engine.setup("unused")
+    engine.load_weights(adapter_update(tmp_path, 1))
+    StubVLLM.hold["step_1"] = threading.Event()
+    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8)
+    stream.submit(GroupRequest("early", [1, 2], 2))
+    assert stream.advance() == []  # held by the server
+    engine.load_weights(adapter_update(tmp_path / "b", 2))
+    stream.submit(GroupRequest("late", [3], 2))
+    [late] = drain_until(stream, 1)
+    assert late.request.key == "late" and [c.policy_step for c in late.completions] == [2, 2]
+    routes = [(path.removeprefix("/v1/"), body.get("lora_name") or body.get("model")) for path, body in StubVLLM.calls]
+    assert ("unload_lora_adapter", "step_1") not in routes  # its request still runs
+    StubVLLM.hold["step_1"].set()
+    [early] = drain_until(stream, 1)
+    assert early.request.key == "early" and [c.policy_step for c in early.completions] == [1, 1]
+    routes = [(path.removeprefix("/v1/"), body.get("lora_name") or body.get("model")) for path, body in StubVLLM.calls]
+    assert routes[-1] == ("unload_lora_adapter", "step_1")  # by the answer of its last request
+    assert routes.count(("unload_lora_adapter", "step_1")) == 1
+    stream.close()
+
+
+def drain_until(stream, count: int, timeout: float = 30.0) -> list:
+    deadline, out = time.monotonic() + timeout, []
+    while len(out) < count:
+        assert time.monotonic() < deadline, f"{len(out)} of {count} groups in {timeout} s"
+        out += stream.advance()
+    return out

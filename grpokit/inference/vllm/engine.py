@@ -8,8 +8,11 @@ with LoRA and runtime adapter loading on:
         --model BASE --served-model-name base --enable-lora --max-lora-rank 16 --port 8000
 
 `load_weights(update)` POSTs `/v1/load_lora_adapter` with the update's folder in the filesystem
-broadcast (`broadcasts/step_N/`, a peft adapter) under the name `step_N`, then unloads the previous
-adapter; completions request `model: step_N`. vLLM answers no `weight_step`, so the step of a
+broadcast (`broadcasts/step_N/`, a peft adapter) under the name `step_N`; completions sent after it
+request `model: step_N`. The previous adapter is unloaded once no request sent with it is still
+running, so a stream (a request per group, RemoteEngine's ConcurrentStream) loads weights while earlier
+groups decode on: each request keeps the adapter it was sent with (vLLM 0.32, measured by
+bench/vllm_inflight.py), and its answer names that adapter's step. vLLM answers no `weight_step`, so the step of a
 completion is read from the adapter name it echoes in `model` (the base model name means step 0: a
 fresh LoRA adapter is zero, so the base weights are the step-0 policy).
 
@@ -32,6 +35,8 @@ that is not wired yet.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine, RemoteError
@@ -73,15 +78,9 @@ class VLLMEngine(RemoteEngine):
         self.base_model_name, self.serve = model_name, serve
         self.adapter: str | None = None
         self.base_step = 0  # the step of the weights served under the base name (full updates move it)
-
-    def open_stream(
-        self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
-    ):
-        """Whole batches between updates (grpokit.inference.streams.BatchedStream), not RemoteEngine's request
-        per group: load_weights unloads the previous adapter, which requests still running would be using."""
-        from grpokit.inference.streams import BatchedStream
-
-        return BatchedStream(self, sampling, max_rows)
+        self._lock = threading.Lock()  # requests are sent from worker threads while weights load
+        self._users: Counter[str] = Counter()  # adapter name -> requests sent with it, not yet answered
+        self._retired: set[str] = set()  # replaced adapters still in use: unloaded by their last answer
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
@@ -100,10 +99,15 @@ class VLLMEngine(RemoteEngine):
         name = f"step_{update.step}"
         for url in self.base_urls:
             self._load_adapter(url, name, update.path)
-        previous, self.adapter, self.model_name, self.weight_step = self.adapter, name, name, update.step
+        with self._lock:
+            previous, self.adapter, self.model_name, self.weight_step = self.adapter, name, name, update.step
+            self._retired.discard(name)
+            if previous is not None and previous != name and self._users[previous]:
+                self._retired.add(previous)  # its last running request unloads it (_post)
+                log.info("adapter %s stays loaded for its %d running requests", previous, self._users[previous])
+                previous = None
         if previous is not None and previous != name:
-            for url in self.base_urls:
-                self._unload_adapter(url, previous)
+            self._unload_everywhere(previous)
         log.info("vLLM serves adapter %s from %s", name, update.path)
 
     def _serve_base(self, step: int) -> None:
@@ -116,9 +120,9 @@ class VLLMEngine(RemoteEngine):
             step,
             step,
         )
+        if previous is not None:
+            self._unload_everywhere(previous)
         for url in self.base_urls:
-            if previous is not None:
-                self._unload_adapter(url, previous)
             self._call(url.removesuffix("/v1"), "reset_prefix_cache", {})
         log.info("vLLM serves full weights of step %d", step)
 
@@ -135,14 +139,33 @@ class VLLMEngine(RemoteEngine):
                 ) from e
             raise
 
-    def _unload_adapter(self, url: str, name: str) -> None:
-        try:
-            self._call(url, "unload_lora_adapter", {"lora_name": name})
-        except RemoteError as e:  # already gone: nothing to free
-            log.warning("could not unload adapter %s from %s: %s", name, url, e)
+    def _unload_everywhere(self, name: str) -> None:
+        for url in self.base_urls:
+            try:
+                self._call(url, "unload_lora_adapter", {"lora_name": name})
+            except RemoteError as e:  # already gone: nothing to free
+                log.warning("could not unload adapter %s from %s: %s", name, url, e)
+
+    def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
+        """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`)."""
+        with self._lock:
+            body = super()._body(prompt_ids, n, sampling, index)
+            self._users[body["model"]] += 1
+        return body
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
-        answer = super()._post(url_body)
+        name = url_body[1]["model"]
+        try:
+            answer = super()._post(url_body)
+        finally:
+            with self._lock:
+                self._users[name] -= 1
+                last = not self._users[name] and name in self._retired
+                if last:
+                    del self._users[name]
+                    self._retired.discard(name)
+            if last:
+                self._unload_everywhere(name)
         if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
             served = answer.get("model", url_body[1]["model"])
             answer["weight_step"] = (
