@@ -133,3 +133,22 @@ def drain_until(stream, count: int, timeout: float = 30.0) -> list:
         assert time.monotonic() < deadline, f"{len(out)} of {count} groups in {timeout} s"
         out += stream.advance()
     return out
+
+
+def test_closing_a_stream_waits_for_its_requests_in_flight(tmp_path, stub_url):
+    """At a run's end the stream's requests in flight are waited for (bounded), not left to run on
+    while `grpokit fit` stops the server under them."""
+    engine = VLLMEngine(stub_url, model_name="base")
+    engine.setup("unused")
+    StubVLLM.hold["base"] = gate = threading.Event()
+    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8)
+    stream.submit(GroupRequest("ahead", [1, 2], 2))
+    assert stream.advance() == []
+    threading.Timer(0.3, gate.set).start()
+    start = time.monotonic()
+    [future] = list(stream.running)
+    stream.close(wait=10.0)
+    assert future.done() and 0.2 < time.monotonic() - start < 5.0
+    stream.submit(GroupRequest("never", [3], 1))
+    stream.close(wait=0.0)  # nothing in flight: returns at once, the queued group dropped
+    assert stream.inflight == 0
