@@ -38,6 +38,8 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from grpokit.testing import build_tiny_model
+
 PROMPT = [1, 520, 9531, 198]
 # runs `grpokit ARGS` from the source tree given as its first argument (see the module docstring)
 BOOT = """import importlib.util, runpy, sys
@@ -54,34 +56,6 @@ sys.meta_path.insert(0, SourceTree)
 sys.argv[0] = "grpokit"
 runpy.run_module("grpokit", run_name="__main__", alter_sys=True)
 """
-
-
-def tiny_model(folder: Path) -> str:
-    """The tests' tiny model (tests/conftest.py): a 2-layer, hidden-64 Llama with SmolLM2's tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from grpokit.common.models import load_tokenizer
-
-    tokenizer = load_tokenizer("smollm2-135m")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def free_port() -> int:
@@ -271,7 +245,7 @@ def run(
     before = environment(new_src, src)
     with tempfile.TemporaryDirectory(prefix="grpokit-bench-server-") as tmp, ExitStack() as stack:
         folder = Path(tmp)
-        path = tiny_model(folder / "tiny") if model == "tiny" else model
+        path = str(build_tiny_model(folder / "tiny")) if model == "tiny" else model
         servers = [Server("new", new_src, path, folder, threads)]
         if src is not None:
             servers.append(Server("baseline", src, path, folder, threads))

@@ -6,7 +6,6 @@ the code before the package was regrouped (so a move that changes behaviour fail
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import sys
 import tempfile
@@ -18,11 +17,10 @@ KEYS = ("reward", "loss", "grad_norm", "tokens", "kl")
 
 
 def build_tiny_model(path: Path) -> str:
-    """The suite's tiny model (tests/conftest.py), loaded by path so this also runs outside pytest."""
-    spec = importlib.util.spec_from_file_location("grpokit_tests_conftest", HERE.parent / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    return str(conftest.build_tiny_model(path))
+    """The suite's tiny model (grpokit.testing.build_tiny_model, as tests/conftest.py builds it)."""
+    from grpokit.testing import build_tiny_model as build
+
+    return str(build(path))
 
 
 def run(output_dir: Path, model: str) -> dict[str, list[float]]:
