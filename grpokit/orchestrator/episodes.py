@@ -203,6 +203,7 @@ class Episode:
         self.agents = EpisodeAgents(self, env.episode_env.config)
         self.roles: list[Role] = []
         self.handle: asyncio.Task | None = None
+        self.env_time = 0.0  # its share of the time its code ran (EpisodeTable.settle)
 
     async def play(self) -> None:
         await self.env.episode_env.setup(self.agents)
@@ -233,6 +234,49 @@ class Episode:
         return self.handle.exception()
 
 
+class EpisodeTable:
+    """Episodes in play on one asyncio event loop: `start` a prompt's episodes, `settle` them (run their
+    code until each has ended or waits for a reply), answer the waiting roles, `finish` a prompt's group
+    (scored). Whole-batch generation (play_episodes) answers every waiting role of a step in one generate
+    per round; streaming (grpokit.orchestrator.streaming) answers each as its request comes back."""
+
+    def __init__(self, tokenizer, limits: EpisodeLimits) -> None:
+        self.tokenizer, self.limits, self.chat = tokenizer, limits, ChatTokens(tokenizer)
+        self.loop = asyncio.new_event_loop()
+
+    def start(self, env, example, count: int) -> list[Episode]:
+        episodes = [Episode(env, example, self.tokenizer, self.chat, self.limits) for _ in range(count)]
+        for ep in episodes:
+            ep.handle = self.loop.create_task(ep.play())
+        return episodes
+
+    def settle(self, episodes: list[Episode]) -> list[Role]:
+        """Run the episodes' code until each has ended or waits; the roles waiting for a reply. Their
+        code runs interleaved: each episode is charged an equal share of the time (Conversation.env_time)."""
+        start = time.perf_counter()
+        self.loop.run_until_complete(_settle(episodes))
+        for ep in episodes:
+            ep.env_time += (time.perf_counter() - start) / len(episodes)
+        return [role for ep in episodes for role in ep.waiting()]
+
+    def finish(self, episodes: list[Episode]) -> tuple[list[Conversation], list[tuple[float, dict[str, float]]]]:
+        """One prompt's ended episodes: their trained conversations and (reward, metrics), checked."""
+        for ep in episodes:
+            ep.trained()  # exactly one trained exchange per episode, checked before any scoring
+        outcomes = self.loop.run_until_complete(_score_all(episodes))
+        for ep in episodes:
+            ep.trained().conv.env_time = ep.env_time
+        env, example = episodes[0].env, episodes[0].example
+        scores = env.checked_scores([example] * len(episodes), [t for t, _ in outcomes], [o for _, o in outcomes])
+        return [ep.trained().conv for ep in episodes], scores
+
+    def close(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
+
+
 def play_episodes(
     engine,
     tokenizer,
@@ -246,44 +290,22 @@ def play_episodes(
     """Play `rollouts_per_example` episodes per prompt to their end; per prompt, the trained conversations
     and their (reward, metrics), in prompt order. `budget`: tokens of the trained exchange; `context`:
     of the others."""
-    chat = ChatTokens(tokenizer)
-    limits = EpisodeLimits(sampling.max_tokens, budget, max_turns, context)
-    groups = [[Episode(env, ex, tokenizer, chat, limits) for _ in range(rollouts_per_example)] for env, ex in prompts]
-    episodes = [ep for group in groups for ep in group]
-    loop = asyncio.new_event_loop()
+    table = EpisodeTable(tokenizer, EpisodeLimits(sampling.max_tokens, budget, max_turns, context))
     try:
-        for ep in episodes:
-            ep.handle = loop.create_task(ep.play())
-        env_time, round_ = 0.0, 0
-        while True:
-            start = time.perf_counter()
-            loop.run_until_complete(_settle(episodes))
-            env_time += time.perf_counter() - start
-            waiting = [role for ep in episodes for role in ep.waiting()]
-            if not waiting:
-                break
+        groups = [table.start(env, ex, rollouts_per_example) for env, ex in prompts]
+        episodes = [ep for group in groups for ep in group]
+        round_ = 0
+        while waiting := table.settle(episodes):
             replies = _generate(engine, [r.conv.prompt_ids + r.conv.ids for r in waiting], sampling, round_)
             for role, completion in zip(waiting, replies):
                 role.waiting.set_result(completion)
             round_ += 1
         for ep in episodes:
-            ep.trained()  # exactly one trained exchange per episode, checked before any scoring
-        outcomes = loop.run_until_complete(_score_all(episodes))
+            ep.trained()  # every episode checked before any is scored
+        finished = [table.finish(group) for group in groups]
     finally:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
-    trained = [ep.trained() for ep in episodes]
-    for role in trained:
-        role.conv.env_time = env_time / len(episodes)  # the episodes' own code runs interleaved: a mean share
-    scores, k = [], 0
-    for (env, ex), group in zip(prompts, groups):
-        n = len(group)
-        traces, results = [t for t, _ in outcomes[k : k + n]], [o for _, o in outcomes[k : k + n]]
-        scores.append(env.checked_scores([ex] * n, traces, results))
-        k += n
-    return [[ep.trained().conv for ep in group] for group in groups], scores
+        table.close()
+    return [convs for convs, _ in finished], [scores for _, scores in finished]
 
 
 async def _settle(episodes: list[Episode]) -> None:

@@ -32,9 +32,12 @@ Multi-turn tasks (tools, `respond`, verifiers toolsets) stream turn by turn: the
 request (n = G), then each conversation's next turn is a request of its own (n = 1, its ids so far as the
 prompt), submitted as soon as the environment has answered (grpokit.orchestrator.multi_turn.take_turn,
 the same budget and max_turns), so a short conversation does not wait for its group's long one; the
-group is scored when its last conversation ends. Not streamed (refused at start): verifiers Env
-episodes, whose `run` drives its own turns, and a temperature schedule. Not bit-reproducible on resume:
-the stream's decode interleaving depends on when weights arrived.
+group is scored when its last conversation ends. verifiers Env episodes (grpokit.orchestrator.episodes)
+stream the same way: a prompt's G episodes start when it is submitted, every role that waits for a
+reply is a request of its own, and the episode's code runs on as each reply comes back; the group is
+scored (the Env's finalize included) when its last episode ends. Not streamed (refused at start): a
+temperature schedule. Not bit-reproducible on resume: the stream's decode interleaving depends on when
+weights arrived.
 
 timeline.jsonl gets a `group` span per group (submitted to finished, with its weight steps) and a
 `weights` mark per update loaded, so `grpokit bench`'s and the docs' figures show the engine busy.
@@ -43,15 +46,17 @@ timeline.jsonl gets a `group` span per group (submitted to finished, with its we
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from grpokit.common.timeline import record_timeline
 from grpokit.inference.streams import FinishedGroup, GroupRequest
 from grpokit.orchestrator.chat_tokens import ChatTokens
 from grpokit.orchestrator.conversation import Conversation, is_multi_turn
+from grpokit.orchestrator.episodes import Episode, EpisodeLimits, EpisodeTable, Role
 from grpokit.orchestrator.multi_turn import conversation_rollouts, take_turn
 from grpokit.orchestrator.prompt_length import split_by_length
 from grpokit.orchestrator.rollouts import sampled_group
@@ -121,18 +126,31 @@ class _Turn:
     conv: Conversation
 
 
+@dataclass
+class _Episodes:
+    """A verifiers Env prompt's G episodes in the stream (grpokit.orchestrator.episodes); `asked`: the
+    replies already requested (each waiting role's future)."""
+
+    pending: _Pending
+    episodes: list[Episode]
+    asked: set = field(default_factory=set)
+
+
+@dataclass
+class _RoleTurn:
+    """A waiting role's next reply, as a stream request's key."""
+
+    state: _Episodes
+    role: Role
+
+
 class StreamingRollouts:
     """A RolloutLoop's groups, streamed (see the module docstring); `select_groups` replaces the loop's."""
 
     def __init__(self, loop: RolloutLoop, settings: StreamingSettings) -> None:
         self.loop, self.settings = loop, settings
         config = loop.config
-        for env in loop.envs:
-            if getattr(env, "episode_env", None) is not None:
-                raise ValueError(
-                    f"data.streaming: environment {env.name!r} runs verifiers Env episodes, which streaming does "
-                    "not cover. Set data.streaming: null for it (whole-batch generation runs every environment)"
-                )
+        self.episodes: EpisodeTable | None = None  # verifiers Env episodes in play, made at the first one
         self.group_size = config.rollouts_per_example
         self.chat: ChatTokens | None = None  # for multi-turn prompts, made at the first one
         self.budget = min(config.seq_len, loop.engine.context_length() or config.seq_len)
@@ -178,6 +196,8 @@ class StreamingRollouts:
 
     def close(self) -> None:
         self.stream.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
     # --- one pass of the loop ----------------------------------------------------------------------
 
@@ -200,7 +220,10 @@ class StreamingRollouts:
             pending = self._next_prompt()
             pending.submitted = time.time()
             self.groups_inflight += 1
-            self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
+            if getattr(pending.env, "episode_env", None) is not None:
+                self._start_episodes(pending)
+            else:
+                self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
 
     def _next_prompt(self) -> _Pending:
         """The next prompt to submit, from the next block when this one is used up (as whole-batch
@@ -224,7 +247,10 @@ class StreamingRollouts:
         loop = self.loop
         for group in finished:
             key = group.request.key
-            if isinstance(key, _Turn):
+            if isinstance(key, _RoleTurn):
+                key.role.waiting.set_result(group.completions[0])
+                self._play(key.state)
+            elif isinstance(key, _Turn):
                 take_turn(key.conv, group.completions[0], *self._turn_args())
                 if not key.conv.done:
                     self._next_turn(key.state, key.conv)
@@ -248,6 +274,27 @@ class StreamingRollouts:
                 self._next_turn(state, conv)
         if not state.open:
             self._finished(p, state.rollouts(self.loop.tokenizer))
+
+    def _start_episodes(self, p: _Pending) -> None:
+        """An Env-episode prompt: its G episodes start, and play until they wait for replies."""
+        if self.episodes is None:
+            loop, config = self.loop, self.loop.config
+            context = loop.engine.context_length() or sys.maxsize
+            limits = EpisodeLimits(config.sampling.max_tokens, self.budget, config.max_turns, context)
+            self.episodes = EpisodeTable(loop.tokenizer, limits)
+        self._play(_Episodes(p, self.episodes.start(p.env, p.example, self.group_size)))
+
+    def _play(self, state: _Episodes) -> None:
+        """Run the episodes' code on; a role newly waiting for a reply becomes a request, and a group whose
+        episodes have all ended is scored."""
+        for role in self.episodes.settle(state.episodes):
+            if role.waiting not in state.asked:
+                state.asked.add(role.waiting)
+                self.stream.submit(GroupRequest(_RoleTurn(state, role), role.conv.prompt_ids + role.conv.ids, 1))
+        if all(ep.handle.done() for ep in state.episodes):
+            convs, scores = self.episodes.finish(state.episodes)
+            p = state.pending
+            self._finished(p, conversation_rollouts([convs], p.group_id, self.loop.tokenizer, [scores])[0])
 
     def _next_turn(self, state: _Conversations, conv: Conversation) -> None:
         self.stream.submit(GroupRequest(_Turn(state, conv), conv.prompt_ids + conv.ids, 1))

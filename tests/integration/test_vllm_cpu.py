@@ -130,8 +130,10 @@ def wait_for_models(url: str, server: subprocess.Popen, log_path: Path, deadline
 
 
 def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
-    """`grpokit fit` starts vLLM itself (VLLMEngine's `serve`), samples from it while it hot-loads each
-    step's adapter, and stops it: the server's whole process group is gone and its port free."""
+    """`grpokit fit` starts vLLM itself (VLLMEngine's `serve`), streams rollouts from it (a request per
+    group, per conversation turn and per episode role) while it hot-loads each step's adapter, and stops
+    it: the server's whole process group is gone and its port free. Whole-batch sampling from vLLM is the
+    NCCL test's fit below."""
     port = free_port()
     argv = [
         sys.executable,
@@ -167,6 +169,8 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
         "--data.max_async_level",
         "0",  # step n samples with the adapter of step n: every step compares like with like
         *MULTI_TURN_GAME_FLAGS,  # vLLM continues conversations from their token ids, turn by turn
+        "--data.streaming",
+        "{max_inflight: 4}",  # a request per group, turn and episode role (ConcurrentStream)
         "--trainer.max_steps",
         str(STEPS),
         "--ckpt.interval",

@@ -86,12 +86,21 @@ def test_multi_turn_games_stream_turn_by_turn(tmp_path, tiny_model):
     assert max(sum(m["role"] == "assistant" for m in s["messages"]) for s in samples) >= 2
 
 
-def test_verifiers_env_episodes_with_streaming_are_refused_at_start(tmp_path, tiny_model):
-    argv = tiny_fit_argv(
-        tmp_path, tiny_model, "ep", "--data.env", "[{id: user-sim+reverse-text}]", "--data.streaming", "{}"
-    )
-    with pytest.raises(ValueError, match="data.streaming: environment 'user-sim.reverse-text' runs verifiers Env"):
-        main(argv)
+def test_verifiers_env_episodes_stream_each_waiting_role_as_a_request(tmp_path, tiny_model):
+    """verifiers' user-sim Env (the engine plays a simulated user, untrained) beside a multi-turn game,
+    streamed: each waiting role's reply is a request of its own; the trained tokens are the engine's
+    (the trainer's logprobs match at async 0) and the episodes run several turns."""
+    from grpokit.testing import MULTI_TURN_GAME_FLAGS
+
+    extra = ("--data.streaming", "{max_inflight: 3}", "--data.max_async_level", "0", "--data.seq_len", "400")
+    run, rows = fit(tmp_path, tiny_model, "ep", *MULTI_TURN_GAME_FLAGS, *extra, "--data.num_logged_samples", "16")
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert all(abs(float(r["token_mult_prob_error"]) - 1) < 1e-4 for r in rows)
+    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+    episodes = [s for s in samples if s["env"].startswith("user-sim")]
+    assert episodes and max(sum(m["role"] == "assistant" for m in s["messages"]) for s in episodes) >= 2
+    spans = [e for e in read_timeline(run) if e["role"] == "group"]
+    assert len(spans) >= 3 * 2 and all(e["first_weights"] == e["last_weights"] == e["step"] for e in spans)
 
 
 def test_groups_are_dropped_by_their_oldest_token(tmp_path, tiny_model):
