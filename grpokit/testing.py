@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 from abc import abstractmethod
@@ -285,6 +286,13 @@ def process_group_gone(pgid: int, within: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def free_port() -> int:
+    """A loopback port the OS just handed out, for a server or rendezvous that binds a fixed port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def build_tiny_model(path, seed: int = 0):

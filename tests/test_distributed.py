@@ -6,7 +6,6 @@ file that the test compares.
 """
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import lightning as L
 import pytest
 import torch
 
-from grpokit.testing import make_training_batch
+from grpokit.testing import free_port, make_training_batch
 from grpokit.trainer.distributed import check_trainer_processes, rank_share
 
 
@@ -101,12 +100,6 @@ def test_refuses_several_processes_without_run_name_or_with_spawned_ranks():
             L.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False), run_name_given=True
         )
     check_trainer_processes(L.Trainer(devices=1, accelerator="cpu", logger=False), run_name_given=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_ranks_share_rank_zeros_batch_and_gather_every_ranks_metrics(tmp_path):

@@ -7,16 +7,11 @@ The test runs this file as a script, once per rank; each rank writes what it got
 """
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from grpokit.testing import free_port
 
 
 def test_sharded_policy_publishes_what_the_unsharded_one_does(tmp_path, tiny_model):

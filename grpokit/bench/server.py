@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from grpokit.testing import build_tiny_model
+from grpokit.testing import build_tiny_model, free_port
 
 PROMPT = [1, 520, 9531, 198]
 # runs `grpokit ARGS` from the source tree given as its first argument (see the module docstring)
@@ -56,12 +55,6 @@ sys.meta_path.insert(0, SourceTree)
 sys.argv[0] = "grpokit"
 runpy.run_module("grpokit", run_name="__main__", alter_sys=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def infer_argv(src: Path | None, model: str, port: int, out_dir: Path, run_name: str, threads: int) -> list[str]:

@@ -7,7 +7,6 @@ trainer's after each step).
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from grpokit.broadcast.nccl import (
     decode_header,
     encode_header,
 )
+from grpokit.testing import free_port
 from grpokit.types import WeightUpdate
 
 LORA_CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA"}
@@ -154,12 +154,6 @@ def test_bad_arguments_are_rejected():
 
 
 # -- two processes over gloo -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(path: Path, timeout: float = 60.0) -> None:

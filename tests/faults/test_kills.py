@@ -22,7 +22,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import pytest
 
 from grpokit.main import main
 from grpokit.orchestrator.loop import check_not_from_the_future
-from grpokit.testing import tiny_fit_argv
+from grpokit.testing import free_port, tiny_fit_argv
 from grpokit.transport.codec import decode_batch
 from grpokit.types import Rollout
 
@@ -46,12 +45,6 @@ KILL_BEFORE = 9
 # resumed trainer finds its batches only if that retention works
 TRANSPORT = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 1}}'
 WAIT = 240  # seconds any one stage may take before the test fails (never hangs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trained_steps(run: Path) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,14 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from grpokit.testing import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 LONG = {"prompt": [[1, 520, 9531, 198]] * 4, "n": 256, "max_tokens": 500, "min_tokens": 500}  # 1024 rows x 500
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> dict | None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from grpokit.broadcast.nccl import NCCLBroadcast
-from grpokit.testing import serving
+from grpokit.testing import free_port, serving
 from grpokit.transport.zmq import ZMQTransport
 from grpokit.types import WeightUpdate
 
@@ -78,12 +78,6 @@ def test_the_inference_server_listens_on_loopback_only(tiny_model):
         opened = listening() - before
         assert opened == {("127.0.0.1", port)}
         assert_unreachable_from_outside(port)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_nccl_rendezvous_and_gloo_listen_on_loopback_only():

@@ -15,7 +15,7 @@ import pytest
 from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.inference.vllm.launch import _sigterm_interrupts, start_for_fit
 from grpokit.inference.vllm.server import VLLMServe, check_port_free
-from grpokit.testing import process_group_gone, tiny_fit_argv
+from grpokit.testing import free_port, process_group_gone, tiny_fit_argv
 
 STAND_IN = """
 import http.server, json, os, subprocess, sys
@@ -44,12 +44,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fit_argv(tmp_path, tiny_model, port: int, *extra: str) -> list[str]:

@@ -4,7 +4,6 @@ object join a real 2-rank gloo NCCLBroadcast group, write received LoRA adapters
 weights into vLLM's model is tested against the real CPU vLLM in tests/integration/test_vllm_cpu.py."""
 
 import json
-import socket
 import threading
 import time
 
@@ -14,15 +13,10 @@ from safetensors.torch import load_file
 from grpokit.broadcast.nccl import NCCLBroadcast
 from grpokit.common.checksums import tensors_sha256
 from grpokit.inference.vllm.worker import KEEP_ADAPTERS, NCCLWeightReceiver
+from grpokit.testing import free_port
 from grpokit.types import WeightUpdate
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def adapter(step: int) -> WeightUpdate:

@@ -7,7 +7,6 @@ import contextlib
 import csv
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import MULTI_TURN_GAME_FLAGS
+from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 STEPS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

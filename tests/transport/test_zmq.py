@@ -2,7 +2,6 @@
 
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -10,17 +9,9 @@ import pytest
 import zmq
 from safetensors.torch import load, save
 
-from grpokit.testing import assert_same_batch, make_training_batch
+from grpokit.testing import assert_same_batch, free_port, make_training_batch
 from grpokit.transport.codec import encode_batch
 from grpokit.transport.zmq import ZMQTransport
-
-
-def free_port() -> int:
-    """A port the OS just handed out (the transport connects and binds a fixed port, so it cannot ask for 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 make_batch, assert_same = make_training_batch, assert_same_batch
 
