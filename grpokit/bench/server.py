@@ -74,7 +74,7 @@ class Server:
     """One `grpokit infer` subprocess on a free loopback port; `stop()` sends SIGTERM (then SIGKILL)."""
 
     def __init__(self, name: str, src: Path | None, model: str, folder: Path, threads: int) -> None:
-        self.name, self.src, self.port, self.log = name, src, free_port(), folder / f"{name}.log"
+        self.name, self.port, self.log = name, free_port(), folder / f"{name}.log"
         env = dict(os.environ)
         if src is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
@@ -194,7 +194,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(new_src: Path | None, src: Path | None) -> dict:
+def environment(new_src: Path | None, baseline: Path | None) -> dict:
     versions = {"python": platform.python_version()}
     for package in ("torch", "uvicorn", "starlette", "transformers"):
         try:
@@ -205,7 +205,7 @@ def environment(new_src: Path | None, src: Path | None) -> dict:
         "device": f"{cpu_model()} ({os.cpu_count()} cores)",
         "versions": versions,
         "commit": git_commit(new_src or Path(__file__).resolve().parents[2]),
-        "baseline_commit": git_commit(src) if src is not None else None,
+        "baseline_commit": git_commit(baseline) if baseline is not None else None,
         "load_average": os.getloadavg(),
     }
 
@@ -231,24 +231,24 @@ def run(
 ) -> dict:
     """Measure this grpokit's server (or the tree `src`'s) and, with `baseline_src`, that tree's too."""
     new_src = Path(src).resolve() if src else None
-    src = Path(baseline_src).resolve() if baseline_src else None
+    baseline = Path(baseline_src).resolve() if baseline_src else None
     body = json.dumps(
         {"prompt": PROMPT, "max_tokens": max_tokens, "min_tokens": max_tokens, "logprobs": 0, "return_token_ids": True}
     ).encode()
-    before = environment(new_src, src)
+    before = environment(new_src, baseline)
     with tempfile.TemporaryDirectory(prefix="grpokit-bench-server-") as tmp, ExitStack() as stack:
         folder = Path(tmp)
         path = str(build_tiny_model(folder / "tiny")) if model == "tiny" else model
         servers = [Server("new", new_src, path, folder, threads)]
-        if src is not None:
-            servers.append(Server("baseline", src, path, folder, threads))
+        if baseline is not None:
+            servers.append(Server("baseline", baseline, path, folder, threads))
         for server in servers:
             stack.callback(server.stop)
         for server in servers:
             server.wait_ready()
         results = measure(servers, body, list(levels), requests, rounds, warmup)
     settings = dict(model=model, levels=list(levels), requests=requests, rounds=rounds, warmup=warmup)
-    settings.update(max_tokens=max_tokens, threads=threads, baseline_src=str(src) if src else None)
+    settings.update(max_tokens=max_tokens, threads=threads, baseline_src=str(baseline) if baseline else None)
     settings["src"] = str(new_src) if new_src else None
     result = {**before, "load_average_after": os.getloadavg(), "settings": settings, "servers": results}
     print(table(result), file=sys.stderr)
