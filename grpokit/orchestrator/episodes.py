@@ -261,14 +261,13 @@ class EpisodeTable:
 
     def finish(self, episodes: list[Episode]) -> tuple[list[Conversation], list[tuple[float, dict[str, float]]]]:
         """One prompt's ended episodes: their trained conversations and (reward, metrics), checked."""
-        for ep in episodes:
-            ep.trained()  # exactly one trained exchange per episode, checked before any scoring
+        trained = [ep.trained() for ep in episodes]  # exactly one trained exchange each, checked before scoring
         outcomes = self.loop.run_until_complete(_score_all(episodes))
-        for ep in episodes:
-            ep.trained().conv.env_time = ep.env_time
+        for ep, role in zip(episodes, trained):
+            role.conv.env_time = ep.env_time
         env, example = episodes[0].env, episodes[0].example
         scores = env.checked_scores([example] * len(episodes), [t for t, _ in outcomes], [o for _, o in outcomes])
-        return [ep.trained().conv for ep in episodes], scores
+        return [role.conv for role in trained], scores
 
     def close(self) -> None:
         for task in asyncio.all_tasks(self.loop):
