@@ -39,17 +39,6 @@ SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "swe
 PACKAGE_DIR = os.path.dirname(os.path.abspath(grpokit.__file__)) + os.sep  # root_cause: which errors grpokit raised
 
 
-def _not_the_bitsandbytes_cpu_kernel_notice(record: logging.LogRecord) -> bool:
-    return "kernels-community" not in record.getMessage()
-
-
-def quiet_bitsandbytes_cpu_warning() -> None:
-    """bitsandbytes (imported by peft) warns at import, on CPUs with AVX512-BF16, that an optional CPU
-    kernel for 4-bit matmuls is not installed; grpokit's QLoRA runs on CUDA, so the line is noise. The
-    filter is one function object, so calling this again adds nothing."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_bitsandbytes_cpu_kernel_notice)
-
-
 # Warnings every run printed that a user cannot act on: grpokit's training_step takes Lightning's
 # `dataloader_iter` on purpose (one batch per GRPO step, fetched when the step starts), and the other two
 # are deprecations inside Lightning (torch's pytree) and peft (transformers' checkpointing flag).
@@ -61,22 +50,39 @@ LIBRARY_NOTICES = (
 )
 
 
-def _not_an_advert(record: logging.LogRecord) -> bool:
-    return "litlogger" not in record.getMessage()
+class DropLines(logging.Filter):
+    """Drops a logger's records whose message contains `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+# Log lines of the same kind, by logger: bitsandbytes (imported by peft) warns at import, on CPUs with
+# AVX512-BF16, that an optional CPU kernel for 4-bit matmuls is not installed (grpokit's QLoRA runs on
+# CUDA), and Lightning advertises its cloud logger at every start. One filter object each, so adding
+# them again at the next command adds nothing.
+LOGGED_NOTICES = (
+    ("bitsandbytes.backends.cpu.ops", DropLines("kernels-community")),
+    ("lightning.pytorch.utilities.rank_zero", DropLines("litlogger")),
+)
 
 
 def quiet_library_notices() -> None:
-    """Silence LIBRARY_NOTICES, and Lightning's tip, at every start, to install its cloud logger."""
+    """Silence LIBRARY_NOTICES and LOGGED_NOTICES."""
     for message in LIBRARY_NOTICES:
         warnings.filterwarnings("ignore", message=message)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
+    for logger, drop in LOGGED_NOTICES:
+        logging.getLogger(logger).addFilter(drop)
 
 
 def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     """Run one `grpokit` command; `startup` records how far a recipe command got (entry reads it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     startup = startup or Startup()
-    quiet_bitsandbytes_cpu_warning()
     quiet_library_notices()
     if argv[:1] == ["bench"]:
         return bench_main(argv[1:])
