@@ -178,7 +178,8 @@ class InferenceEngine(ABC):
     ):
         """A GenerationStream (grpokit.inference.streams): groups submitted while others decode, finished
         groups returned as they finish, weights loaded between decode steps. `max_rows`: rows decoding
-        at once; `on_update`: continue or regenerate unfinished rows after an update; `max_len`: the
+        at once; `on_update`: continue or regenerate unfinished rows after an update (servers: or finish
+        them on the weights they began with); `max_len`: the
         longest prompt + completion that will be sent (engines with static caches size them by it).
         This default runs each advance's queued groups as one `generate` (whole batches, weights between
         them); engines that decode incrementally override it."""

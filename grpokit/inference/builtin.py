@@ -188,6 +188,12 @@ class BuiltinEngine(InferenceEngine):
         attention run whole batches (grpokit.inference.streams)."""
         if self.model is None:
             raise RuntimeError("BuiltinEngine.open_stream called before setup(model)")
+        if on_update == "finish":
+            raise ValueError(
+                "data.streaming.on_update: finish lets unfinished rollouts end on the weights they began with, "
+                "which needs a server engine (RemoteEngine, VLLMEngine); BuiltinEngine holds one set of weights: "
+                "set on_update to continue or regenerate"
+            )
         if self.fast:
             from grpokit.inference.fast.stream import FastStream
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import json
 import logging
 import math
@@ -28,7 +29,9 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from transformers import AutoTokenizer
 
@@ -37,6 +40,7 @@ from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MAX_RETRY_AFTER = 60.0  # seconds: the longest a server's Retry-After may hold a retry back
 LOGPROB_TOLERANCE = 1e-3  # float rounding may leave a logprob of a near-certain token just above 0
 
@@ -95,6 +99,7 @@ class RemoteEngine(InferenceEngine):
         self._model: str | None = None  # the model name setup got, for the tokenizer's vocabulary
         self.weight_step = -1
         self.server_weight_step = -1
+        self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
 
     def setup(self, model: str) -> None:
         self._headers = {"Content-Type": "application/json"}
@@ -155,16 +160,26 @@ class RemoteEngine(InferenceEngine):
     def open_stream(
         self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
     ):
-        """One request per group, max_concurrency in flight, each group back as it is answered
-        (grpokit.inference.streams.ConcurrentStream); weights apply to the requests sent after them."""
+        """One request per group, max_concurrency in flight, each group back as it is answered. `continue`
+        and `regenerate`: a weight update aborts the requests in flight and resubmits their continuations
+        (grpokit.inference.interrupting.InterruptingStream); `finish`: they finish with the weights they
+        were sent with, and the update applies to the requests sent after it (ConcurrentStream)."""
+        from grpokit.inference.interrupting import InterruptingStream
         from grpokit.inference.streams import ConcurrentStream
 
-        return ConcurrentStream(self, sampling, max_rows, self.max_concurrency)
+        self._vocabulary()
+        if on_update == "finish":
+            return ConcurrentStream(self, sampling, max_rows, self.max_concurrency)
+        return InterruptingStream(self, sampling, max_rows, self.max_concurrency, on_update)
+
+    def next_url(self) -> str:
+        """The server for the next request (round-robin)."""
+        return self.base_urls[next(self._turns) % len(self.base_urls)]
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
         self._vocabulary()
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
-        urls = [self.base_urls[i % len(self.base_urls)] for i in range(len(bodies))]
+        urls = [self.next_url() for _ in bodies]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             answers = list(pool.map(self._post, zip(urls, bodies)))
         return [self._group(url, answer, n, sampling) for url, answer in zip(urls, answers)]
@@ -246,8 +261,31 @@ class RemoteEngine(InferenceEngine):
             )
         return answer
 
-    def _call(self, url: str, endpoint: str, body: dict | None = None) -> bytes:
-        """POST `body` to `{url}/{endpoint}` (GET without a body); returns the raw answer.
+    def stream_completion(self, url: str, body: dict, interrupted: Callable[[], bool]):
+        """POST a completions `body` as a streamed request (`stream: true`) and read its chunks until the
+        answer ends or `interrupted(segment so far)` says so after a chunk, when the connection is closed
+        (the server then aborts the request); a grpokit.inference.interrupting.Segment."""
+        from grpokit.inference.interrupting import read_segment
+
+        prompt = body["prompt"]
+        n = body["n"] * (len(prompt) if prompt and isinstance(prompt[0], list) else 1)
+        segment = self._call(
+            url,
+            "completions",
+            {**body, "stream": True},
+            read=lambda response: read_segment(response, interrupted, url, n),
+        )
+        step = self.segment_step(segment)
+        segment.weight_step = self.weight_step if step is None else step
+        return segment
+
+    def segment_step(self, segment) -> int | None:
+        """The weight step a streamed answer's chunks name (grpokit's `weight_step`); None if they do not."""
+        return segment.weight_step
+
+    def _call(self, url: str, endpoint: str, body: dict | None = None, read: Callable[..., T] | None = None) -> T:
+        """POST `body` to `{url}/{endpoint}` (GET without a body); returns the raw answer, or what `read`
+        makes of the open response.
 
         A server that is down, restarting, busy, drops the connection or cuts its answer short (connection
         errors, timeouts, http.client errors, 429 and 5xx answers) is retried max_retries times with
@@ -265,7 +303,7 @@ class RemoteEngine(InferenceEngine):
             delay = min(30.0, 0.5 * 2**attempt)
             try:
                 with OPENER.open(request, timeout=self.timeout) as response:
-                    return response.read()
+                    return response.read() if read is None else read(response)
             except urllib.error.HTTPError as e:
                 if 300 <= e.code < 400:
                     raise RemoteError(

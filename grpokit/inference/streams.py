@@ -11,8 +11,9 @@ returns the groups that finished), `load_weights` between two advances. An engin
   update re-prefills the unfinished rows with the new weights (`continue`: their tokens so far, so each
   later token's logits are the new weights' over the whole sequence; `regenerate`: from their prompts).
 - RemoteEngine (`grpokit infer`) and VLLMEngine: ConcurrentStream below, one request per group in
-  flight at once, each group back as its request is answered; a weight update applies to the requests
-  sent after it (docs/orchestrator.md, "Streaming rollouts", has what vLLM allows mid-request).
+  flight at once, each group back as its request is answered. A weight update aborts the requests in
+  flight and resubmits their continuations with the new weights (grpokit.inference.interrupting), or,
+  with `on_update: finish`, applies to the requests sent after it.
 - Every other engine: BatchedStream below, which runs each advance's queued groups as one `generate`,
   so weights change only between whole batches.
 
@@ -134,14 +135,18 @@ class ConcurrentStream(GenerationStream):
             base = request.seed if request.seed is not None else self.sampling.seed or 0
             max_tokens = request.max_tokens or self.sampling.max_tokens
             sampling = replace(self.sampling, seed=base * 1_000_003 + self.submitted, max_tokens=max_tokens)
-            future = self.pool.submit(self.engine.generate, [request.prompt_ids], request.n, sampling)
+            future = self.pool.submit(self._work, request, sampling)
             self.running[future] = (self.submitted, request)
             self.submitted += 1
         if not self.running:
             return []
         done, _ = cf.wait(self.running, timeout=self.wait, return_when=cf.FIRST_COMPLETED)
         finished = sorted((self.running.pop(f), f) for f in done)  # in submission order
-        return [FinishedGroup(request, future.result()[0]) for (_, request), future in finished]
+        return [FinishedGroup(request, future.result()) for (_, request), future in finished]
+
+    def _work(self, request: GroupRequest, sampling: SamplingSettings) -> list[Completion]:
+        """A group's completions (on a worker thread)."""
+        return self.engine.generate([request.prompt_ids], request.n, sampling)[0]
 
     def close(self, wait: float = 60.0) -> None:
         """Drop the queued groups and wait up to `wait` seconds for the requests in flight (as a whole-batch

@@ -78,17 +78,19 @@ class StreamingSettings:
             engine decodes up to max_inflight x rollouts_per_example rows together.
         on_update: what unfinished rollouts do when new weights load between two decode steps:
             "continue" (partial rollouts: later tokens come from the new weights, each token records
-            its weight step) or "regenerate" (they restart from their prompts with the new weights).
+            its weight step), "regenerate" (they restart from their prompts with the new weights), or,
+            with a server engine (RemoteEngine, VLLMEngine), "finish" (they end on the weights they
+            began with; the update applies to the groups sent after it).
     """
 
     max_inflight: int = 8
-    on_update: Literal["continue", "regenerate"] = "continue"
+    on_update: Literal["continue", "regenerate", "finish"] = "continue"
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1:
             raise ValueError(f"data.streaming.max_inflight must be >= 1 (groups in flight), got {self.max_inflight}")
-        if self.on_update not in ("continue", "regenerate"):
-            raise ValueError(f"data.streaming.on_update must be continue or regenerate, got {self.on_update!r}")
+        if self.on_update not in ("continue", "regenerate", "finish"):
+            raise ValueError(f"data.streaming.on_update must be continue, regenerate or finish, got {self.on_update!r}")
 
 
 @dataclass

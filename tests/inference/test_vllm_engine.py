@@ -102,14 +102,16 @@ def test_refuses_full_weights_and_updates_without_a_folder(stub_url):
 
 
 def test_a_stream_loads_weights_while_requests_run_on_the_adapter_they_were_sent_with(tmp_path, stub_url):
-    """Streaming: a group's request sent with step 1's adapter is still running when step 2 loads. Step 1
+    """Streaming with `on_update: finish` (tests/inference/test_interrupting.py has the default, which
+    continues them on the new adapter): a group's request sent with step 1's adapter is still running
+    when step 2 loads. Step 1
     stays loaded until that request is answered (with step 1), then it is unloaded; a group sent after
     the load samples with step 2."""
     engine = VLLMEngine(stub_url, model_name="base")
     engine.setup("unused")
     engine.load_weights(adapter_update(tmp_path, 1))
     StubVLLM.hold["step_1"] = threading.Event()
-    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8)
+    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8, on_update="finish")
     stream.submit(GroupRequest("early", [1, 2], 2))
     assert stream.advance() == []  # held by the server
     engine.load_weights(adapter_update(tmp_path / "b", 2))
@@ -141,7 +143,7 @@ def test_closing_a_stream_waits_for_its_requests_in_flight(tmp_path, stub_url):
     engine = VLLMEngine(stub_url, model_name="base")
     engine.setup("unused")
     StubVLLM.hold["base"] = gate = threading.Event()
-    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8)
+    stream = engine.open_stream(SamplingSettings(max_tokens=2), max_rows=8, on_update="finish")
     stream.submit(GroupRequest("ahead", [1, 2], 2))
     assert stream.advance() == []
     threading.Timer(0.3, gate.set).start()

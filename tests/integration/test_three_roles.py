@@ -82,14 +82,17 @@ def three_roles(
                 p.kill()
 
 
-def check_run(run: Path, steps: int) -> None:
-    """Steps 0..steps-1 trained once each; every rollout names the weights that sampled it, as reported by
-    the server, within max_async_level 1; the server followed the trainer's updates."""
+def check_run(run: Path, steps: int, max_lag: int = 1) -> None:
+    """Steps 0..steps-1 trained once each; every rollout names the weights that sampled it (its oldest
+    token's), as reported by the server, within max_async_level 1 (`max_lag` 2 when streamed: a group
+    that finishes after its step's batch was formed trains in the next); the server followed the
+    trainer's updates."""
     rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
     assert [int(r["step"]) for r in rows] == list(range(steps))
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert {s["step"] for s in samples} == set(range(steps))
-    assert all(max(0, s["step"] - 1) <= s["policy_step"] <= s["step"] for s in samples)
+    lags = sorted({s["step"] - s["policy_step"] for s in samples})
+    assert all(0 <= lag <= max_lag for lag in lags), lags
     assert max(s["policy_step"] for s in samples) >= 1
 
 
@@ -120,7 +123,7 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
         wait_ok(procs, tmp_path)
         stop(procs, tmp_path)
     run = tmp_path / "mp"
-    check_run(run, STEPS)
+    check_run(run, STEPS, max_lag=1 if transport == "zmq" else 2)
     if transport == "zmq":
         samples = [json.loads(line) for line in open(run / "samples.jsonl")]
         turns = [sum(m["role"] == "assistant" for m in s["messages"]) for s in samples]

@@ -455,3 +455,45 @@ def sha(t) -> str:
     from grpokit.broadcast.nccl import as_bytes
 
     return hashlib.sha256(as_bytes(t.contiguous()).numpy().tobytes()).hexdigest()
+
+
+def test_an_adapter_update_mid_request_continues_on_the_new_adapter(tmp_path, tiny_model):
+    """VLLMEngine's stream with `on_update: continue`: step 2's adapter loads while a group decodes on
+    step 1's. vLLM aborts the request when its connection closes, and the continuation (prompt and
+    tokens so far, under step_2) completes it: each token carries the step of the adapter that sampled
+    it, and its logprob is transformers + peft's with that adapter over the whole sequence."""
+    from grpokit.broadcast.filesystem import FilesystemBroadcast
+    from grpokit.inference import SamplingSettings
+    from grpokit.inference.streams import GroupRequest
+    from grpokit.inference.vllm.engine import VLLMEngine
+    from grpokit.testing import drain, wait_until
+    from grpokit.types import WeightUpdate
+
+    broadcast = FilesystemBroadcast()
+    broadcast.setup(tmp_path / "run")
+    for step in (1, 2):
+        tensors, config = random_adapter(seed=step)
+        broadcast.publish(WeightUpdate(step=step, tensors=tensors, lora_config=config))
+    tokens = 150
+    with grpokit_infer(tiny_model, tmp_path) as url:
+        engine = VLLMEngine(url, model_name=SERVED, max_retries=0, timeout=120)
+        engine.setup(tiny_model)
+        engine.load_weights(broadcast.read(1))
+        sampling = SamplingSettings(temperature=1.0, max_tokens=tokens, min_tokens=tokens, seed=4)
+        stream = engine.open_stream(sampling, max_rows=8)
+        stream.submit(GroupRequest("g", PROMPT, 2))
+        assert stream.advance() == []
+        wait_until(lambda: stream.chunks >= 20, timeout=60)  # about 10 tokens of each completion
+        stream.load_weights(broadcast.read(2))
+        [group] = drain(stream).values()
+        stream.close()
+    assert stream.interruptions == 1
+    adapters = {step: str(tmp_path / "run" / "broadcasts" / f"step_{step}") for step in (1, 2)}
+    for c in group:
+        assert len(c.token_ids) == tokens and c.token_steps is not None
+        cut = c.token_steps.index(2)
+        assert cut >= 1 and c.token_steps == [1] * cut + [2] * (tokens - cut)
+        ref = {step: hf_logprobs(tiny_model, {}, c.token_ids, adapters[step]) for step in (1, 2)}
+        expected = [ref[s][i] for i, s in enumerate(c.token_steps)]
+        assert max(abs(a - b) for a, b in zip(c.logprobs, expected)) < 2e-3
+        assert max(abs(a - b) for a, b in zip(c.logprobs[cut:], ref[1][cut:])) > 1e-3  # the update mattered

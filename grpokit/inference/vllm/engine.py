@@ -10,11 +10,13 @@ with LoRA and runtime adapter loading on:
 `load_weights(update)` POSTs `/v1/load_lora_adapter` with the update's folder in the filesystem
 broadcast (`broadcasts/step_N/`, a peft adapter) under the name `step_N`; completions sent after it
 request `model: step_N`. The previous adapter is unloaded once no request sent with it is still
-running, so a stream (a request per group, RemoteEngine's ConcurrentStream) loads weights while earlier
-groups decode on: each request keeps the adapter it was sent with (vLLM 0.32, measured by
-bench/vllm_inflight.py), and its answer names that adapter's step. vLLM answers no `weight_step`, so the step of a
-completion is read from the adapter name it echoes in `model` (the base model name means step 0: a
-fresh LoRA adapter is zero, so the base weights are the step-0 policy).
+running. Each request keeps the adapter it was sent with (vLLM 0.32, measured by
+bench/vllm_inflight.py), and its answer names that adapter's step; so a stream (a request per group)
+aborts the requests in flight at an update and resubmits their continuations under the new adapter
+(grpokit.inference.interrupting), or with `on_update: finish` lets them finish with the old one.
+vLLM answers no `weight_step`, so the step of a completion is read from the adapter name it echoes in
+`model` (the base model name means step 0: a fresh LoRA adapter is zero, so the base weights are the
+step-0 policy).
 
 Full-weights updates reach vLLM only through `broadcast: VLLMNCCLBroadcast`, which loads them into
 vLLM's worker (grpokit.inference.vllm.worker); the engine then serves the base name with that step and
@@ -158,17 +160,40 @@ class VLLMEngine(RemoteEngine):
         try:
             answer = super()._post(url_body)
         finally:
-            with self._lock:
-                self._users[name] -= 1
-                last = not self._users[name] and name in self._retired
-                if last:
-                    del self._users[name]
-                    self._retired.discard(name)
-            if last:
-                self._unload_everywhere(name)
+            self._release(name)
         if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
-            served = answer.get("model", url_body[1]["model"])
-            answer["weight_step"] = (
-                int(served[5:]) if served.startswith("step_") and served[5:].isdigit() else self.base_step
-            )
+            answer["weight_step"] = self._step_named(answer.get("model", name))
         return answer
+
+    def stream_completion(self, url: str, body: dict, interrupted):
+        """RemoteEngine's streamed request, its adapter counted as in use until it ends, and its step
+        read from the adapter name vLLM echoes."""
+        name = body["model"]
+        try:
+            segment = super().stream_completion(url, body, interrupted)
+        finally:
+            self._release(name)
+        if segment.model is None:
+            segment.weight_step = self._step_named(name)
+        return segment
+
+    def segment_step(self, segment) -> int | None:
+        """vLLM streams no weight_step: the step of the adapter name its chunks echo in `model`."""
+        return None if segment.model is None else self._step_named(segment.model)
+
+    def _release(self, name: str) -> None:
+        """A request sent with adapter `name` has ended: unload it if it was replaced and this was its last."""
+        with self._lock:
+            self._users[name] -= 1
+            last = not self._users[name] and name in self._retired
+            if last:
+                del self._users[name]
+                self._retired.discard(name)
+        if last:
+            self._unload_everywhere(name)
+
+    def _step_named(self, served: object) -> int:
+        """The weight step of a served model name: step_N is N, the base name the base weights' step."""
+        if isinstance(served, str) and served.startswith("step_") and served[5:].isdigit():
+            return int(served[5:])
+        return self.base_step
