@@ -184,7 +184,8 @@ class InterruptingStream(ConcurrentStream):
             first = False
             self._take(segment, live, url)
             if segment.cut and self.epoch != epoch:
-                self.interruptions += 1
+                with self._lock:
+                    self.interruptions += 1
                 lost = 0
                 if self.on_update == "regenerate":
                     for row in self._unfinished(live, sampling):

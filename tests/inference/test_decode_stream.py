@@ -141,3 +141,9 @@ def test_servers_stream_one_request_per_group(tiny_model):
     assert sorted(out) == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for cs in out.values() for c in cs}) > 2  # not one sample repeated
     assert all(c.policy_step == 3 and len(c.token_ids) <= 6 for cs in out.values() for c in cs)
+
+
+def test_finish_on_update_needs_a_server_engine(engine):
+    """`on_update: finish` keeps a rollout on the weights it began with: BuiltinEngine holds one set."""
+    with pytest.raises(ValueError, match="on_update: finish .*server engine.*continue or regenerate"):
+        engine.open_stream(SamplingSettings(max_tokens=4), max_rows=4, on_update="finish")

@@ -4,15 +4,11 @@ each forward slowed so that an update lands mid-answer): a rollout spanning the 
 steps on its tokens, and every token's logprob is that of the weights that sampled it over the whole
 sequence; `regenerate` restarts from the prompt; `finish` keeps the request on its weights. Against a
 stub of vLLM's streamed answers: the continuation's body (prompt + tokens so far, the rest of the
-budget, the new adapter, no seed) and the old adapter's unload after its aborted request."""
+budget, the new adapter, no seed) is in tests/inference/test_vllm_engine.py."""
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -24,8 +20,7 @@ from grpokit.inference import SamplingSettings
 from grpokit.inference.interrupting import InterruptingStream
 from grpokit.inference.remote import RemoteEngine
 from grpokit.inference.streams import ConcurrentStream, GroupRequest
-from grpokit.inference.vllm.engine import VLLMEngine
-from grpokit.testing import drain, serving, wait_until
+from grpokit.testing import drain, serving, slow_forwards, wait_until
 from grpokit.types import WeightUpdate
 
 pytestmark = pytest.mark.unit
@@ -39,19 +34,6 @@ def perturbed(model, step: int) -> WeightUpdate:
     return WeightUpdate(step=step, tensors=state)
 
 
-def slowed(engine, seconds: float) -> list[float]:
-    """Each forward of the engine's model takes `seconds` longer; the list of forward times."""
-    forward, calls = engine.model.forward, []
-
-    def slow(*args, **kwargs):
-        calls.append(time.monotonic())
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    engine.model.forward = slow
-    return calls
-
-
 def stream_across_an_update(tiny_model, tmp_path, on_update: str, groups: int = 1):
     """Groups of 2 streamed from grpokit's server (step 0), which runs one request at a time; step 1
     published and loaded into the stream after 6 forwards (a prefill and 5 decode steps of the first
@@ -59,11 +41,10 @@ def stream_across_an_update(tiny_model, tmp_path, on_update: str, groups: int = 
     trainer, reader = FilesystemBroadcast(), FilesystemBroadcast()
     trainer.setup(tmp_path)
     reader.setup(tmp_path)
-    with serving(tiny_model, reader) as (served, server):
+    with serving(tiny_model, reader) as (served, server), slow_forwards(served, 0.03) as calls:
         served.weight_step = 0
         old = load_causal_lm(tiny_model, dtype=torch.float32).eval()
         update = perturbed(old, 1)
-        calls = slowed(served, 0.03)
         engine = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0, timeout=60)
         engine.setup(tiny_model)
         engine.weight_step = 0
@@ -76,7 +57,6 @@ def stream_across_an_update(tiny_model, tmp_path, on_update: str, groups: int = 
         stream.load_weights(reader.read(1))
         out = drain(stream)
         stream.close()
-        del served.model.forward
         new = load_causal_lm(tiny_model, dtype=torch.float32).eval()
         new.load_state_dict(update.tensors, strict=False)
     return out[0], old, new, stream, out
@@ -142,95 +122,3 @@ def test_without_updates_a_stream_samples_what_generate_samples(tiny_model):
     for got, want in zip(streamed, expected):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-6)
     assert all(c.policy_step == 2 and c.token_steps is None for c in streamed)
-
-
-class StreamingStubVLLM(BaseHTTPRequestHandler):
-    """vLLM 0.32's streamed completions: a chunk per token per choice, the adapter name in `model`, no
-    weight_step; a chunk every 20 ms until max_tokens. Records every request and whether its client
-    hung up before the end."""
-
-    protocol_version = "HTTP/1.1"
-    calls: list[tuple[str, dict]] = []
-    hung_up: list[str] = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.calls.append((self.path, body))
-        if not self.path.endswith("/completions"):
-            self.send_response(200)
-            self.send_header("Content-Length", "7")
-            self.end_headers()
-            self.wfile.write(b"Success")
-            return
-        prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        try:
-            for t in range(body["max_tokens"]):
-                for i in range(len(prompts) * body["n"]):
-                    last = t == body["max_tokens"] - 1
-                    choice = {
-                        "index": i,
-                        "text": "x",
-                        "token_ids": [100 + t],
-                        "logprobs": {"token_logprobs": [-0.5]},
-                        "finish_reason": "length" if last else None,
-                    }
-                    self.chunk(b"data: " + json.dumps({"model": body["model"], "choices": [choice]}).encode() + b"\n\n")
-                time.sleep(0.02)
-            self.chunk(b"data: [DONE]\n\n")
-            self.chunk(b"")
-        except (BrokenPipeError, ConnectionResetError):
-            self.hung_up.append(body["model"])
-
-    def chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def stub_vllm():
-    StreamingStubVLLM.calls, StreamingStubVLLM.hung_up = [], []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamingStubVLLM)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
-
-
-def adapter_update(tmp_path, step: int) -> WeightUpdate:
-    broadcast = FilesystemBroadcast()
-    broadcast.setup(tmp_path)
-    broadcast.publish(WeightUpdate(step=step, tensors={"a.lora_A.weight": torch.zeros(2, 2)}, lora_config={"r": 2}))
-    return broadcast.read(step)
-
-
-def test_vllm_continuations_go_to_the_new_adapter_and_the_old_one_is_unloaded(tmp_path, stub_vllm):
-    engine = VLLMEngine(stub_vllm, model_name="base", max_retries=0)
-    engine.setup("unused")
-    engine.vocab_size = 1000
-    engine.load_weights(adapter_update(tmp_path / "a", 1))
-    stream = engine.open_stream(SamplingSettings(max_tokens=40, min_tokens=30, seed=2), max_rows=8)
-    stream.submit(GroupRequest("g", [1, 2], 2))
-    assert stream.advance() == []
-    wait_until(lambda: any(p.endswith("/completions") for p, _ in StreamingStubVLLM.calls), timeout=5)
-    time.sleep(0.2)  # about 10 tokens on step 1
-    stream.load_weights(adapter_update(tmp_path / "b", 2))
-    [group] = drain(stream).values()
-    stream.close()
-    first, continuation = [body for path, body in StreamingStubVLLM.calls if path.endswith("/completions")]
-    done = len(continuation["prompt"][0]) - 2
-    assert first["model"] == "step_1" and first["n"] == 2 and "seed" in first
-    assert continuation["model"] == "step_2" and continuation["n"] == 1 and "seed" not in continuation
-    assert continuation["prompt"] == [[1, 2] + [100 + t for t in range(done)]] * 2
-    assert continuation["max_tokens"] == 40 - done and continuation["min_tokens"] == max(0, 30 - done)
-    assert StreamingStubVLLM.hung_up == ["step_1"] and 3 <= done < 38
-    for c in group:
-        assert c.token_ids == [100 + t for t in range(done)] + [100 + t for t in range(40 - done)]
-        assert c.token_steps == [1] * done + [2] * (40 - done) and c.is_truncated
-    routes = [(p.removeprefix("/v1/"), b.get("lora_name") or b.get("model")) for p, b in StreamingStubVLLM.calls]
-    assert routes.count(("unload_lora_adapter", "step_1")) == 1  # after its aborted request ended

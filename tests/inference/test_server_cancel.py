@@ -5,7 +5,6 @@ the tiny model slowed down so that an uncancelled request would run for many sec
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -16,7 +15,7 @@ import pytest
 
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
-from grpokit.testing import in_background, serving, wait_until
+from grpokit.testing import in_background, serving, slow_forwards, wait_until
 
 PROMPT_IDS = [1, 520, 9531, 198]
 LONG = {"prompt": PROMPT_IDS, "n": 2, "max_tokens": 400, "temperature": 1.0}  # 400 x 50 ms: 20 s uncancelled
@@ -31,23 +30,6 @@ def post(server, path: str, body: dict) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-@contextlib.contextmanager
-def slow_forwards(engine, seconds: float = 0.05):
-    """Each forward of the engine's model takes `seconds` longer; yields the list of forward times."""
-    forward, calls = engine.model.forward, []
-
-    def slow(*args, **kwargs):
-        calls.append(time.monotonic())
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    engine.model.forward = slow
-    try:
-        yield calls
-    finally:
-        del engine.model.forward
 
 
 @pytest.fixture(scope="module")

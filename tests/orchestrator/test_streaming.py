@@ -67,6 +67,8 @@ def test_streaming_refuses_what_it_does_not_cover():
 
     with pytest.raises(ValueError, match="max_inflight must be >= 1"):
         StreamingSettings(max_inflight=0)
+    with pytest.raises(ValueError, match="on_update must be continue, regenerate or finish, got 'pause'"):
+        StreamingSettings(on_update="pause")
     with pytest.raises(ValueError, match="data.streaming and data.temp_scheduler"):
         Orchestrator(streaming=StreamingSettings(), temp_scheduler=TemperatureSchedule())
 

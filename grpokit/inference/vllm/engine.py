@@ -8,9 +8,9 @@ with LoRA and runtime adapter loading on:
         --model BASE --served-model-name base --enable-lora --max-lora-rank 16 --port 8000
 
 `load_weights(update)` POSTs `/v1/load_lora_adapter` with the update's folder in the filesystem
-broadcast (`broadcasts/step_N/`, a peft adapter) under the name `step_N`; completions sent after it
-request `model: step_N`. The previous adapter is unloaded once no request sent with it is still
-running. Each request keeps the adapter it was sent with (vLLM 0.32, measured by
+broadcast (`broadcasts/step_N/`, a peft adapter; pinned while loaded, `pin_adapter`) under the name
+`step_N`; completions sent after it request `model: step_N`. The previous adapter is unloaded once
+no request sent with it is still running. Each request keeps the adapter it was sent with (vLLM 0.32, measured by
 bench/vllm_inflight.py), and its answer names that adapter's step; so a stream (a request per group)
 aborts the requests in flight at an update and resubmits their continuations under the new adapter
 (grpokit.inference.interrupting), or with `on_update: finish` lets them finish with the old one.
@@ -37,8 +37,12 @@ that is not wired yet.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
+import time
 from collections import Counter
+from pathlib import Path
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine, RemoteError
@@ -46,6 +50,7 @@ from grpokit.inference.vllm.server import VLLMServe
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
+PIN_GRACE_S = 60.0  # seconds an unloaded adapter's pinned files stay on disk (VLLMEngine._sweep_pins)
 
 
 class VLLMEngine(RemoteEngine):
@@ -83,6 +88,8 @@ class VLLMEngine(RemoteEngine):
         self._lock = threading.Lock()  # requests are sent from worker threads while weights load
         self._users: Counter[str] = Counter()  # adapter name -> requests sent with it, not yet answered
         self._retired: set[str] = set()  # replaced adapters still in use: unloaded by their last answer
+        self._pins: dict[str, str] = {}  # adapter name -> the folder of its files vLLM loads (pin_adapter)
+        self._unpinned: list[tuple[float, str]] = []  # (unload time, folder) of unloaded adapters, kept a while
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
@@ -99,8 +106,11 @@ class VLLMEngine(RemoteEngine):
                 "VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)"
             )
         name = f"step_{update.step}"
+        self._sweep_pins()
+        path = self._pins[name] = pin_adapter(update.path, name)
+        self._unpinned = [(t, p) for t, p in self._unpinned if p != path]  # a step published again: keep it
         for url in self.base_urls:
-            self._load_adapter(url, name, update.path)
+            self._load_adapter(url, name, path)
         with self._lock:
             previous, self.adapter, self.model_name, self.weight_step = self.adapter, name, name, update.step
             self._retired.discard(name)
@@ -147,6 +157,16 @@ class VLLMEngine(RemoteEngine):
                 self._call(url, "unload_lora_adapter", {"lora_name": name})
             except RemoteError as e:  # already gone: nothing to free
                 log.warning("could not unload adapter %s from %s: %s", name, url, e)
+        if (pinned := self._pins.pop(name, None)) is not None:
+            self._unpinned.append((time.monotonic(), pinned))
+
+    def _sweep_pins(self) -> None:
+        """Delete the pinned folders of adapters unloaded PIN_GRACE_S ago. Not at once: a request closed
+        by its client is aborted in vLLM's engine core a little later than the unload, and until then
+        the engine core may schedule it and load its adapter again (vLLM 0.32's CPU build died so)."""
+        now = time.monotonic()
+        while self._unpinned and now - self._unpinned[0][0] >= PIN_GRACE_S:
+            shutil.rmtree(self._unpinned.pop(0)[1], ignore_errors=True)
 
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
         """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`)."""
@@ -197,3 +217,26 @@ class VLLMEngine(RemoteEngine):
         if isinstance(served, str) and served.startswith("step_") and served[5:].isdigit():
             return int(served[5:])
         return self.base_step
+
+
+def pin_adapter(path: str, name: str) -> str:
+    """A folder holding the files of the adapter at `path` for as long as vLLM may load them: hard links
+    (copies where the filesystem has none) in `pinned/<name>` beside the broadcast's step folders. vLLM
+    reads an adapter's files again whenever it has evicted it from its cache (more adapters in use than
+    --max-loras, as when requests finish on older steps), and the broadcast's retention deletes a step
+    once the orchestrator has acknowledged newer ones: vLLM's engine core dies on the missing file. The
+    links keep the files; the engine removes the folder a while after it unloads the adapter."""
+    source = Path(path)
+    pinned = source.parent / "pinned" / name
+    tmp = pinned.with_name(f".{name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for file in source.iterdir():
+        if file.is_file():
+            try:
+                os.link(file, tmp / file.name)
+            except OSError:  # another device, or no hard links: a copy
+                shutil.copy2(file, tmp / file.name)
+    shutil.rmtree(pinned, ignore_errors=True)
+    os.replace(tmp, pinned)
+    return str(pinned)
