@@ -197,7 +197,10 @@ class InterruptingStream(ConcurrentStream):
                         f"inference server {url} cut its streamed answer {lost} times in a row "
                         f"(inference.init_args.max_retries {self.engine.max_retries})"
                     )
-        return [self._completion(row, sampling) for row in rows]
+        try:
+            return [self._completion(row, sampling) for row in rows]
+        except ValueError as e:
+            raise ValueError(f"inference server {url}: {e}") from None
 
     def _outdated(self, epoch: int, segment: Segment) -> bool:
         """After each chunk of a request sent at `epoch`: whether to close it. Yes when the stream closes,

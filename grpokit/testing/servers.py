@@ -14,7 +14,7 @@ class ScriptedServer:
     answer (a 429 with Retry-After, a redirect), "close" (the connection is dropped once the request is
     read), "half" (a 200 whose body stops halfway, then the connection drops), "hang" (no answer until
     stop()). The last step repeats. `request_times` holds the monotonic arrival time of every POST,
-    `request_headers` its headers.
+    `request_headers` its headers, `request_bodies` its JSON body (None when empty or not JSON).
 
         with ScriptedServer(["close", {"choices": []}]) as server:
             RemoteEngine(base_url=server.url)
@@ -25,11 +25,16 @@ class ScriptedServer:
         import threading
 
         self.script, self.request_times, self.request_headers, self.released = list(script), [], [], threading.Event()
+        self.request_bodies: list = []
         scripted = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    scripted.request_bodies.append(json.loads(raw) if raw else None)
+                except ValueError:
+                    scripted.request_bodies.append(None)
                 step = scripted.script[min(len(scripted.request_times), len(scripted.script) - 1)]
                 scripted.request_times.append(time.monotonic())
                 scripted.request_headers.append(dict(self.headers))

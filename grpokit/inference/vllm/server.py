@@ -52,6 +52,8 @@ class VLLMServe:
         enable_lora: serve LoRA adapters (--enable-lora); null = when model.lora is set.
         max_lora_rank: largest adapter rank (--max-lora-rank); null = the smallest vLLM accepts >= model.lora.rank.
         max_loras: adapters resident at once; VLLMEngine loads a step's adapter before unloading the last: >= 2.
+            With streaming and `on_update: finish`, requests on older adapters run on: a request whose
+            adapter finds no free slot waits for one (3 or 4 lets them decode side by side).
         gpu_memory_utilization: share of each GPU vLLM takes (--gpu-memory-utilization); null = vLLM's
             default, or with `colocate` what the trainer's estimated memory leaves (grpokit.inference.vllm.memory).
         colocate: the trainer runs on the same GPUs.
