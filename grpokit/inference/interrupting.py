@@ -21,7 +21,9 @@ on when their chunks arrived, so the draw stays one of the mixed-weight process)
 seeded: a prompt list under one seed would draw the same random numbers for every prompt on vLLM, and
 a streamed run is not bit-reproducible anyway. A stop string that would begin in one segment and end in
 the next is not seen by the server (it matches the new text only). A connection lost mid-answer is
-continued the same way, at most max_retries times in a row.
+continued the same way, at most max_retries times in a row. A server that sends a completion whole
+when it ends (grpokit's server on the fast CUDA path) cannot be interrupted: its completions finish on
+the weights they began with, and say so.
 """
 
 from __future__ import annotations
