@@ -19,8 +19,12 @@ continued as one request of several prompts: those that had received a token mor
 give it up (it is sampled again, with the new weights; which ones does not depend on the tokens, only
 on when their chunks arrived, so the draw stays one of the mixed-weight process). Continuations are not
 seeded: a prompt list under one seed would draw the same random numbers for every prompt on vLLM, and
-a streamed run is not bit-reproducible anyway. A stop string that would begin in one segment and end in
-the next is not seen by the server (it matches the new text only). A connection lost mid-answer is
+a streamed run is not bit-reproducible anyway. They carry vLLM's `priority` field
+(RemoteEngine.continuation_priority, -1): grpokit's server runs requests in turn, and would otherwise
+queue the oldest group behind the ones sent after it (VLLMEngine sends none: vLLM refuses the field
+unless started with --scheduling-policy priority, and its continuous batching does not queue so).
+A stop string that would begin in one segment and end in the next is not seen by the server (it
+matches the new text only). A connection lost mid-answer is
 continued the same way, at most max_retries times in a row. A server that sends a completion whole
 when it ends (grpokit's server on the fast CUDA path) cannot be interrupted: its completions finish on
 the weights they began with, and say so.
@@ -239,18 +243,19 @@ class InterruptingStream(ConcurrentStream):
         else their continuations, each cut to the shortest row's length (one prompt each, n = 1)."""
         engine = self.engine
         done = min(len(r.token_ids) for r in live)
-        if done == 0:
-            for row in live:
-                row.keep(0)
-            body = engine._body(request.prompt_ids, len(live), sampling, 0)
-            if not first:
-                body.pop("seed", None)
-            return body
         for row in live:
             row.keep(done)
-        rest = replace(sampling, max_tokens=sampling.max_tokens - done, min_tokens=max(0, sampling.min_tokens - done))
-        body = engine._body([request.prompt_ids + row.token_ids for row in live], 1, rest, 0)
-        body.pop("seed", None)
+        if done == 0:
+            body = engine._body(request.prompt_ids, len(live), sampling, 0)
+        else:
+            rest = replace(
+                sampling, max_tokens=sampling.max_tokens - done, min_tokens=max(0, sampling.min_tokens - done)
+            )
+            body = engine._body([request.prompt_ids + row.token_ids for row in live], 1, rest, 0)
+        if not first:  # a continuation (or a restart): unseeded, and ahead of the requests sent since
+            body.pop("seed", None)
+            if engine.continuation_priority is not None:
+                body["priority"] = engine.continuation_priority
         return body
 
     def _completion(self, row: _Row, sampling: SamplingSettings) -> Completion:

@@ -72,6 +72,7 @@ class RemoteEngine(InferenceEngine):
         max_retries: int = 5,
         max_concurrency: int = 8,
         vocab_size: int | None = None,
+        continuation_priority: int | None = -1,
     ) -> None:
         """
         Args:
@@ -83,6 +84,11 @@ class RemoteEngine(InferenceEngine):
             max_concurrency: requests in flight at once.
             vocab_size: token ids a server may answer are below this; null = the length of the model's
                 tokenizer, read from disk at the first generate.
+            continuation_priority: vLLM's `priority` field (lower is served first) on the requests that
+                continue a streamed request an update aborted (grpokit.inference.interrupting), so that
+                a server that runs requests in turn (`grpokit infer`) does not queue the oldest group
+                behind the ones sent after it; null sends none (a vLLM server refuses it unless started
+                with --scheduling-policy priority).
         """
         self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not self.base_urls:
@@ -95,6 +101,7 @@ class RemoteEngine(InferenceEngine):
         )
         self.api_key_var = api_key_var
         self.vocab_size = vocab_size
+        self.continuation_priority = continuation_priority
         self._vocab_looked_up = False
         self._model: str | None = None  # the model name setup got, for the tokenizer's vocabulary
         self.weight_step = -1

@@ -69,6 +69,7 @@ def test_an_answer_cut_short_is_continued_from_its_tokens_so_far():
     body = server.request_bodies[1]
     assert body["prompt"] == [[1, 2, 5], [1, 2, 8]] and body["n"] == 1 and body["max_tokens"] == 2
     assert body["stream"] is True and "seed" not in body and "seed" in server.request_bodies[0]
+    assert body["priority"] == -1 and "priority" not in server.request_bodies[0]  # ahead of later requests
 
 
 def test_answers_cut_short_more_than_max_retries_times_in_a_row_fail():

@@ -267,6 +267,7 @@ def test_vllm_continuations_go_to_the_new_adapter_and_the_old_one_is_unloaded(tm
     done = len(continuation["prompt"][0]) - 2
     assert first["model"] == "step_1" and first["n"] == 2 and "seed" in first
     assert continuation["model"] == "step_2" and continuation["n"] == 1 and "seed" not in continuation
+    assert "priority" not in continuation  # vLLM refuses it without --scheduling-policy priority
     assert continuation["prompt"] == [[1, 2] + [100 + t for t in range(done)]] * 2
     assert continuation["max_tokens"] == 40 - done and continuation["min_tokens"] == max(0, 30 - done)
     assert StreamingStubVLLM.hung_up == ["step_1"] and 3 <= done < 38

@@ -182,11 +182,11 @@ def abandon(worker: EngineWorker, future: Future, call: EngineCall, why: str) ->
         log.info("%s while the engine ran its request: cancelled", why)
 
 
-async def on_engine(worker: EngineWorker, request: Request, work) -> Any:
+async def on_engine(worker: EngineWorker, request: Request, work, priority: int = 0) -> Any:
     """Queue `work` for the engine thread and wait for its answer; a client that hangs up meanwhile takes
     its request out of the queue, or cancels it on the engine, and raises ClientGone."""
     call = EngineCall()
-    future: Future = worker.submit(partial(work, call), call.cancelled)
+    future: Future = worker.submit(partial(work, call), call.cancelled, priority)
     answer = asyncio.wrap_future(future)
     answer.add_done_callback(_retrieve)
     gone = asyncio.ensure_future(disconnected(request))
@@ -203,13 +203,13 @@ async def on_engine(worker: EngineWorker, request: Request, work) -> Any:
     raise ClientGone
 
 
-async def streamed(worker: EngineWorker, request: Request, work) -> Response:
+async def streamed(worker: EngineWorker, request: Request, work, priority: int = 0) -> Response:
     """Queue streaming `work` and answer with the events it emits, as they come. Until the first event
     (the checks on the engine thread have passed) a refusal is still a JSON error; after it, an error
     is an `error` event. A client that hangs up, before or during the stream, cancels the request."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     call = EngineCall(emit=lambda data: loop.call_soon_threadsafe(events.put_nowait, data))
-    future: Future = worker.submit(partial(work, call), call.cancelled)
+    future: Future = worker.submit(partial(work, call), call.cancelled, priority)
     answer = asyncio.wrap_future(future)
     answer.add_done_callback(_retrieve)
     first, gone = asyncio.ensure_future(events.get()), asyncio.ensure_future(disconnected(request))
@@ -314,8 +314,8 @@ def asgi_app(app: OpenAIApp) -> Starlette:
             )
             if isinstance(answer, OnEngine):
                 if answer.stream:
-                    return await streamed(app.worker, request, answer.work)
-                answer = await on_engine(app.worker, request, answer.work)
+                    return await streamed(app.worker, request, answer.work, answer.priority)
+                answer = await on_engine(app.worker, request, answer.work, answer.priority)
                 if is_small(answer):
                     return json_response(200, answer)
                 return await run_in_threadpool(json_response, 200, answer)

@@ -208,7 +208,7 @@ class OpenAIApp:
                     choices.append(choice)
             return self.answers.envelope("cmpl", "text_completion", choices, ids, groups)
 
-        return OnEngine(work, stream=usage is not None)
+        return OnEngine(work, stream=usage is not None, priority=params.priority)
 
     def chat_completions(self, body: dict) -> OnEngine:
         messages = parse_messages(body)
@@ -247,7 +247,7 @@ class OpenAIApp:
                 response["prompt_token_ids"] = prompt
             return response
 
-        return OnEngine(work, stream=usage is not None)
+        return OnEngine(work, stream=usage is not None, priority=params.priority)
 
     def generate(self, body: dict) -> OnEngine:
         """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`), as verifiers' train client

@@ -126,6 +126,7 @@ class SamplingRequest:
     repetition_penalty: float = 1.0
     top_logprobs: int = 0
     stop_token_ids: list[int] = dataclass_field(default_factory=list)
+    priority: int = 0  # vLLM's field: lower is served first (the engine queue's order, EngineWorker.submit)
 
     @classmethod
     def parse(
@@ -157,6 +158,7 @@ class SamplingRequest:
             repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
             top_logprobs=top_logprobs,
             stop_token_ids=parse_stop_token_ids(body),
+            priority=field(body, "priority", int, 0, lambda v: -(2**31) <= v < 2**31, "a 32-bit integer"),
         )
 
 

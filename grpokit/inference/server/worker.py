@@ -41,12 +41,13 @@ class EngineCall:
 
 class OnEngine:
     """Work for the engine thread: the HTTP layer queues `work(call)` and answers with what it returns, as
-    JSON; or, when `stream`, with the events the work emits (grpokit.inference.server.stream)."""
+    JSON; or, when `stream`, with the events the work emits (grpokit.inference.server.stream). `priority`:
+    the request's place in the queue (vLLM's field: lower goes first)."""
 
-    __slots__ = ("work", "stream")
+    __slots__ = ("work", "stream", "priority")
 
-    def __init__(self, work: Callable[[EngineCall], Any], stream: bool = False) -> None:
-        self.work, self.stream = work, stream
+    def __init__(self, work: Callable[[EngineCall], Any], stream: bool = False, priority: int = 0) -> None:
+        self.work, self.stream, self.priority = work, stream, priority
 
 
 class EngineWorker:
@@ -54,7 +55,9 @@ class EngineWorker:
 
     def __init__(self, max_queued: int, name: str = "grpokit-engine") -> None:
         self.max_queued = max_queued
-        self._queue: collections.deque[tuple[Future, Callable[[], Any], threading.Event | None]] = collections.deque()
+        self._queue: collections.deque[tuple[Future, Callable[[], Any], threading.Event | None, int]] = (
+            collections.deque()
+        )
         self._cond = threading.Condition()
         self._closed = False
         self._running: Future | None = None
@@ -64,9 +67,12 @@ class EngineWorker:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, work: Callable[[], Any], cancel: threading.Event | None = None) -> Future:
+    def submit(self, work: Callable[[], Any], cancel: threading.Event | None = None, priority: int = 0) -> Future:
         """Queue `work`; a RequestError 429 when `max_queued` requests already wait, 503 once closed.
-        `cancel`: the event that stops the work once it runs (close sets it after its timeout)."""
+        `cancel`: the event that stops the work once it runs (close sets it after its timeout). The queue
+        runs in order of `priority` (lower first, as vLLM's priority scheduling), then of arrival: a
+        client continuing a request it aborted (grpokit.inference.interrupting) sends it with priority
+        -1, so the continuation does not wait behind the requests sent after it."""
         with self._cond:
             if self._closed:
                 raise RequestError("the server is shutting down", status=503, retry_after=self._retry_after())
@@ -78,7 +84,8 @@ class EngineWorker:
                     retry_after=self._retry_after(),
                 )
             future: Future = Future()
-            self._queue.append((future, work, cancel))
+            place = next((i for i, item in enumerate(self._queue) if item[3] > priority), len(self._queue))
+            self._queue.insert(place, (future, work, cancel, priority))
             self._cond.notify()
         return future
 
@@ -112,7 +119,7 @@ class EngineWorker:
                     self._cond.wait()
                 if self._closed:
                     return
-                future, work, cancel = self._queue.popleft()
+                future, work, cancel, _ = self._queue.popleft()
                 if not future.set_running_or_notify_cancel():
                     continue
                 self._running, self._running_since, self._running_cancel = future, time.monotonic(), cancel

@@ -82,6 +82,7 @@ class VLLMEngine(RemoteEngine):
                 started some other way.
         """
         super().__init__(base_url, model_name, api_key_var, timeout, max_retries, max_concurrency)
+        self.continuation_priority = None  # vLLM refuses `priority` without --scheduling-policy priority
         self.base_model_name, self.serve = model_name, serve
         self.adapter: str | None = None
         self.base_step = 0  # the step of the weights served under the base name (full updates move it)
