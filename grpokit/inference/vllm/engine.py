@@ -108,8 +108,10 @@ class VLLMEngine(RemoteEngine):
             )
         name = f"step_{update.step}"
         self._sweep_pins()
-        path = self._pins[name] = pin_adapter(update.path, name)
-        self._unpinned = [(t, p) for t, p in self._unpinned if p != path]  # a step published again: keep it
+        path = pin_adapter(update.path, name)
+        with self._lock:  # the pin bookkeeping is shared with the request threads' unloads (_release)
+            self._pins[name] = path
+            self._unpinned = [(t, p) for t, p in self._unpinned if p != path]  # a step published again: keep it
         for url in self.base_urls:
             self._load_adapter(url, name, path)
         with self._lock:
@@ -158,16 +160,20 @@ class VLLMEngine(RemoteEngine):
                 self._call(url, "unload_lora_adapter", {"lora_name": name})
             except RemoteError as e:  # already gone: nothing to free
                 log.warning("could not unload adapter %s from %s: %s", name, url, e)
-        if (pinned := self._pins.pop(name, None)) is not None:
-            self._unpinned.append((time.monotonic(), pinned))
+        with self._lock:
+            if (pinned := self._pins.pop(name, None)) is not None:
+                self._unpinned.append((time.monotonic(), pinned))
 
     def _sweep_pins(self) -> None:
         """Delete the pinned folders of adapters unloaded PIN_GRACE_S ago. Not at once: a request closed
         by its client is aborted in vLLM's engine core a little later than the unload, and until then
         the engine core may schedule it and load its adapter again (vLLM 0.32's CPU build died so)."""
         now = time.monotonic()
-        while self._unpinned and now - self._unpinned[0][0] >= PIN_GRACE_S:
-            shutil.rmtree(self._unpinned.pop(0)[1], ignore_errors=True)
+        with self._lock:
+            due = [p for t, p in self._unpinned if now - t >= PIN_GRACE_S]
+            self._unpinned = [(t, p) for t, p in self._unpinned if now - t < PIN_GRACE_S]
+        for path in due:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
         """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`)."""
