@@ -24,10 +24,10 @@ a streamed run is not bit-reproducible anyway. They carry vLLM's `priority` fiel
 queue the oldest group behind the ones sent after it (VLLMEngine sends none: vLLM refuses the field
 unless started with --scheduling-policy priority, and its continuous batching does not queue so).
 A stop string that would begin in one segment and end in the next is not seen by the server (it
-matches the new text only). A connection lost mid-answer is
-continued the same way, at most max_retries times in a row. A server that sends a completion whole
-when it ends (grpokit's server on the fast CUDA path) cannot be interrupted: its completions finish on
-the weights they began with, and say so.
+matches the new text only). A connection lost mid-answer is continued the same way, at most
+max_retries times in a row. A server that sends a completion whole when it ends (grpokit's server on
+the fast CUDA path) cannot be interrupted: its completions finish on the weights they began with, and
+say so.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ class Segment:
 
 def read_segment(response, interrupted, url: str, n: int | None = None) -> Segment:
     """Read a streamed completions answer (server-sent `data:` events, `[DONE]` last) into a Segment,
-    stopping after any chunk at which `interrupted(segment)` is true. A connection lost before the first chunk
-    is raised (RemoteEngine retries the request); after it, the segment is returned cut."""
+    stopping after any chunk at which `interrupted(segment)` is true. A connection lost before the first
+    chunk is raised (RemoteEngine retries the request); after it, the segment is returned cut."""
     segment = Segment()
     try:
         for line in response:
