@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port
+from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port, tiny_fit_argv
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 STEPS = 4
 
 
@@ -26,27 +25,7 @@ def three_roles(
 ):
     """Start train, orchestrate and infer (in that order: each waits for the others) and yield them by role;
     whatever still runs on leaving is killed."""
-    common = [
-        "--config",
-        RECIPE,
-        "--output_dir",
-        str(tmp_path),
-        "--run_name",
-        "mp",
-        "--model.model",
-        tiny_model,
-        "--model.lora.rank",
-        "4",
-        "--data.batch_size",
-        "8",
-        "--data.rollouts_per_example",
-        "4",
-        "--data.sampling.max_tokens",
-        "8",
-        "--data.seq_len",
-        "128",
-        "--data.filters",
-        "[]",
+    overrides = [
         "--data.eval",
         "null",
         "--data.timeout",
@@ -55,10 +34,6 @@ def three_roles(
         str(steps),
         "--ckpt.interval",
         "0",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.enable_model_summary",
-        "false",
         "--server.port",
         str(http_port),
         "--inference",
@@ -68,7 +43,10 @@ def three_roles(
         *extra,
     ]
     log = {role: open(tmp_path / f"{role}.log", "w") for role in ("infer", "orchestrate", "train")}
-    argv = {role: [sys.executable, "-m", "grpokit", role, *common] for role in log}
+    argv = {
+        role: [sys.executable, "-m", "grpokit", *tiny_fit_argv(tmp_path, tiny_model, "mp", *overrides, command=role)]
+        for role in log
+    }
     argv["train"] += train_extra
     procs = {
         role: subprocess.Popen(argv[role], stdout=log[role], stderr=subprocess.STDOUT)
