@@ -278,14 +278,7 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
 
     store_port = free_port()
     greedy = SamplingSettings(temperature=0.0, max_tokens=3)
-    nccl = [
-        "--broadcast",
-        "VLLMNCCLBroadcast",
-        "--broadcast.init_args.backend",
-        "gloo",
-        "--broadcast.init_args.port",
-        str(store_port),
-    ]
+    nccl = nccl_broadcast_args(store_port)
     with grpokit_infer(tiny_model, tmp_path, *nccl) as url:
         settings = {"port": store_port, "backend": "gloo", "base_url": url, "timeout": 120.0}
         trainer, reader = VLLMNCCLBroadcast(**settings), VLLMNCCLBroadcast(**settings)
@@ -363,6 +356,18 @@ def assert_vllm_parameters(reader, weights: dict, norms: dict) -> None:
     assert {name: vllm_sha[name] for name in norms} == {name: sha(t) for name, t in norms.items()}
 
 
+def nccl_broadcast_args(port: int) -> list[str]:
+    """VLLMNCCLBroadcast over gloo with its store on `port`, as the server and the trainer both take it."""
+    return [
+        "--broadcast",
+        "VLLMNCCLBroadcast",
+        "--broadcast.init_args.backend",
+        "gloo",
+        "--broadcast.init_args.port",
+        str(port),
+    ]
+
+
 def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_port: int) -> Path:
     argv = [
         sys.executable,
@@ -392,12 +397,7 @@ def fit_full_weights_over_nccl(tmp_path: Path, tiny_model: str, url: str, store_
             url,
             "--inference.init_args.model_name",
             SERVED,
-            "--broadcast",
-            "VLLMNCCLBroadcast",
-            "--broadcast.init_args.backend",
-            "gloo",
-            "--broadcast.init_args.port",
-            str(store_port),
+            *nccl_broadcast_args(store_port),
             "--broadcast.init_args.base_url",
             url,
         ),
