@@ -30,7 +30,7 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
   infer        an inference server (builtin engine or vLLM) of a multi-process run
   registry     list components: grpokit registry list [KIND]
-  bench        benchmarks: grpokit bench generate|train|step (docs/benchmarks.md)
+  bench        benchmarks: grpokit bench generate|train|step|multiturn|stream|server (docs/benchmarks.md)
   sweep        run a grid of recipes (docs/sweeps.md)
   report       compare the runs of a sweep
   rollouts     record a run's batches, or train variants on recorded batches
