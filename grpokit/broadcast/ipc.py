@@ -127,7 +127,9 @@ class IPCBroadcast(WeightBroadcast):
     def _publish_cuda(self, update: WeightUpdate, wire: dict[str, torch.Tensor]) -> None:
 
         buffers = {k: v.detach().clone() for k, v in wire.items()}  # the trainer's own tensors keep changing
-        torch.cuda.synchronize()  # the clones are complete before any reader maps them
+        # the clones are complete before any reader maps them (this stream only: a device-wide sync would
+        # break a CUDA graph capture that a co-located engine's thread may be doing meanwhile)
+        torch.cuda.current_stream().synchronize()
         self._cuda[update.step] = buffers
         handles = {k: share(v) for k, v in buffers.items()}
         atomic_write_json(

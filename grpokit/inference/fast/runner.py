@@ -274,7 +274,12 @@ class ModelRunner:
                 self._decode_step(b, s)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graph_pool):
+        # thread_local: in co-locate mode this runs in the orchestrator's thread while the trainer works
+        # on the main thread; the default ("global") fails the capture when any other thread does an
+        # unsafe CUDA call meanwhile (a cudaMalloc of the trainer's allocator), thread_local only when
+        # this thread does. A device-wide synchronize elsewhere still breaks a capture: grpokit's
+        # trainer path syncs its own stream only.
+        with torch.cuda.graph(graph, pool=self.graph_pool, capture_error_mode="thread_local"):
             self._decode_step(b, s)
         if self.graph_pool is None:
             self.graph_pool = graph.pool()
