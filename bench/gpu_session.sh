@@ -1,49 +1,85 @@
 #!/usr/bin/env bash
-# The GPU checks still open, in one device call (each capped so the whole stays under 10 minutes);
-# results land in $OUT (JSON + logs). What they settle: docs/benchmarks.md and the open issues.
+# The GPU checks still open, most needed first, in as few device calls as the 15 minutes of device time
+# a task gets allow (docs/benchmarks.md records what each settled).
 #   here:  bash ../shared/tools/gpu-wheels.sh && python bench/gpu_check_fit.py --prepare
-#   there: bash bench/gpu_session.sh            (device tool, carry [".whl", ".gpu"])
-# 1. grpokit fit end to end on the GPU (bench/gpu_check_fit.py): never run before 2026-11-23.
-# 2. bench train through Policy (the H100 rows in docs/benchmarks.md predate it): naive vs the
-#    compiled variants, 8,192 tokens, Qwen3-0.6B shape.
-# 3. bench step (max_async_level 1 overlap) through Policy.
-# `bash bench/gpu_session.sh grpo` (a second device call) instead times bench train on a GRPO-shaped
-# batch (groups of 8 sharing a 64-token prompt, 256 trained tokens each): what the LM head on the
-# trained tokens only (logits_to_keep, 2026-11-23) saves on the GPU path. `bash bench/gpu_session.sh stream`
-# (a third call) checks the fast path's stream with CUDA graphs across a weight update
-# (bench/gpu_check_engine.py) and times whole-batch vs streaming generation (grpokit bench stream).
+#   there: bash bench/gpu_session.sh [CHECK...]      (device tool, carry [".whl", ".gpu"])
+# Checks, in the default order (each capped; one that its cap no longer fits in GPU_SESSION_SECONDS,
+# default 540, is skipped and named in checks.jsonl, so a second call can run the rest):
+#   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
+#                  logprob against its own step's weights (bench/gpu_check_engine.py --checks stream)
+#   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
+#                  overlapped with Policy's training steps: step time against max(generation, training)
+#   fit            grpokit fit end to end on the GPU (bench/gpu_check_fit.py; never run before)
+#   fit_stream     the same with data.streaming on (in-flight weight updates on the fast path)
+#   step           bench step (whole-batch, max_async_level 1 overlap) through Policy
+#   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
+#   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
+#                  LM head on the trained tokens only (logits_to_keep) saves
+#   engine         all of bench/gpu_check_engine.py (fp32 and bf16 fast path vs plain, and the stream)
+# `bash bench/gpu_session.sh grpo` runs that one check. What comes back ($OUT, at most 8 files):
+# checks.jsonl (name, exit code, seconds, or why skipped), results.json (every check's JSON result),
+# gpu.txt (device and versions), logs.tgz (everything, the logs included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_session_out}
+WORK=$(mktemp -d)
+BUDGET=${GPU_SESSION_SECONDS:-540}
 mkdir -p "$OUT"
 if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$PWD/.site" .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$PWD/.site" .whl/*.whl
 fi
-export PYTHONPATH="$PWD/.site:$PWD"
+export PYTHONPATH="$PWD/.site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt" 2>&1
-run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, record the exit code
-  local name=$1 limit=$2; shift 2
+
+run() {  # run NAME CAP COMMAND...: log to $WORK/NAME.log under min(CAP, time left); record the exit code
+  local name=$1 cap=$2 left=$((BUDGET - SECONDS)); shift 2
+  if [ "$left" -lt "$cap" ]; then
+    echo "{\"check\": \"$name\", \"skipped\": \"needs ${cap} s, ${left} s left\"}" | tee -a "$OUT/checks.jsonl"
+    return
+  fi
   local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "{\"check\": \"$name\", \"exit\": $?, \"seconds\": $((SECONDS - start))}" >> "$OUT/checks.jsonl"
+  timeout "$cap" "$@" > "$WORK/$name.log" 2>&1
+  echo "{\"check\": \"$name\", \"exit\": $?, \"seconds\": $((SECONDS - start))}" | tee -a "$OUT/checks.jsonl"
 }
-if [ "${1:-}" = stream ]; then  # issue 22: the fast path's stream on CUDA, and bench stream's GPU table
-  run engine 240 python3 bench/gpu_check_engine.py --out "$OUT/engine.json"
-  run stream 240 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 --steps 4 \
-    --groups 16 --group-size 8 --max-tokens 256 --repeats 2 --json "$OUT/stream.json"
-  cat "$OUT/checks.jsonl"
-  exit 0
-fi
-if [ "${1:-}" = grpo ]; then
-  run train_grpo 300 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 --lora-rank 16 \
-    --group-size 8 --prompt-len 64 --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$OUT/train_grpo.json"
-  cat "$OUT/checks.jsonl"
-  exit 0
-fi
-run fit 200 python3 bench/gpu_check_fit.py --out "$OUT/fit"
-run train 180 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 --lora-rank 16 \
-  --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$OUT/train.json"
-run step 160 python3 -m grpokit.bench step --model qwen3-0.6b --batch 256 --prompt-len 64 --new-tokens 256 \
-  --lora-rank 16 --json "$OUT/step.json"
+
+check() {  # check NAME: one check of the list above
+  case $1 in
+    engine_stream) run engine_stream 150 python3 bench/gpu_check_engine.py --checks stream --out "$WORK/engine_stream.json" ;;
+    engine) run engine 240 python3 bench/gpu_check_engine.py --out "$WORK/engine.json" ;;
+    stream) run stream 270 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 \
+      --steps 5 --groups 16 --group-size 8 --prompt-len 64 --max-tokens 512 --repeats 2 --train \
+      --json "$WORK/stream.json" ;;
+    fit) run fit 200 python3 bench/gpu_check_fit.py --out "$WORK/fit" ;;
+    fit_stream) run fit_stream 200 python3 bench/gpu_check_fit.py --out "$WORK/fit_stream" \
+      --extra --data.streaming '{max_inflight: 8, on_update: continue}' ;;
+    step) run step 160 python3 -m grpokit.bench step --model qwen3-0.6b --batch 256 --prompt-len 64 \
+      --new-tokens 256 --lora-rank 16 --json "$WORK/step.json" ;;
+    train) run train 180 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 \
+      --lora-rank 16 --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$WORK/train.json" ;;
+    grpo) run train_grpo 300 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 \
+      --lora-rank 16 --group-size 8 --prompt-len 64 \
+      --variants naive,grpokit_compile_budget_0.2,grpokit_compile_no_ckpt --json "$WORK/train_grpo.json" ;;
+    *) echo "gpu_session: unknown check '$1' (see the list at the top of $0)" >&2; exit 2 ;;
+  esac
+}
+
+checks=("$@")
+[ ${#checks[@]} -gt 0 ] || checks=(engine_stream stream fit fit_stream step train grpo)
+for c in "${checks[@]}"; do check "$c"; done
+python3 - "$WORK" "$OUT/results.json" <<'EOF'
+import json, pathlib, sys
+work = pathlib.Path(sys.argv[1])
+results = {}
+for f in sorted(work.glob("*.json")) + sorted(work.glob("*/summary.json")):
+    name = f.stem if f.parent == work else f.parent.name
+    try:
+        results[name] = json.loads(f.read_text())
+    except ValueError as e:
+        results[name] = {"unreadable": str(e)}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(results, indent=1))
+print(json.dumps(results)[-6000:])
+EOF
+cp "$OUT/checks.jsonl" "$OUT/gpu.txt" "$WORK/" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$WORK" .
 cat "$OUT/checks.jsonl"

@@ -60,6 +60,7 @@ UNIT_PATHS = (
     "broadcast/test_filesystem.py",
     "broadcast/test_filesystem_leftovers.py",
     "sweep/test_spec.py",
+    "bench/test_overlap.py",
 )
 
 

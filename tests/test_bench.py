@@ -180,3 +180,20 @@ def test_stream_bench_runs_both_variants_on_the_same_lengths(tmp_path, tiny_mode
     # whole-batch decodes each step until its longest group ends, so its rows idle in the tail
     assert whole["decode_steps"] > 0 and 0 < whole["occupancy"] <= 1 and whole["tokens_per_second"] > 0
     assert streamed["occupancy"] == 1.0 > whole["occupancy"]  # a finished group's rows refilled at once
+
+
+def test_stream_bench_with_train_overlaps_each_variant_with_policy_steps(tmp_path, tiny_model):
+    out = tmp_path / "s.json"
+    sizes = ["--steps", "4", "--groups", "3", "--group-size", "2", "--prompt-len", "5", "--max-tokens", "24"]
+    assert main(["stream", "--model", tiny_model, *sizes, "--train", "--micro-tokens", "64", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    training = r["training"]
+    assert training["seconds"] > 0 and training["async_level"] == 1
+    mean_len = training["tokens_per_step"] / 6 - 5  # 3 groups x 2 rows of prompt + completion
+    assert r["lengths"]["min"] <= mean_len <= r["lengths"]["max"]
+    for name in ("whole_batch", "streaming"):
+        v = r[name]
+        assert v["overlapped_total_s"] >= 3 * v["overlapped_step_s"] > 0
+        assert v["ratio_to_max"] == v["overlapped_step_s"] / max(v["seconds_per_step"], training["seconds"])
+        assert v["ratio_to_sum"] == v["overlapped_step_s"] / (v["seconds_per_step"] + training["seconds"])
+    assert r["step_speedup"] == r["whole_batch"]["overlapped_step_s"] / r["streaming"]["overlapped_step_s"]

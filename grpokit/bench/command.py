@@ -105,6 +105,10 @@ def _stream_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--alpha", type=float, default=1.2, help="Pareto shape of the lengths (smaller: longer tail)")
     s.add_argument("--max-inflight", type=int, default=None, help="streaming's groups in flight (default: --groups)")
     s.add_argument("--repeats", type=int, default=1, help="run both variants this often; medians")
+    s.add_argument("--train", action="store_true", help="also overlap each variant with Policy's training steps")
+    s.add_argument("--micro-tokens", type=int, default=8192, help="with --train: packed tokens per micro-batch")
+    s.add_argument("--lora-rank", type=int, default=16, help="with --train: the policy's LoRA rank")
+    s.add_argument("--async-level", type=int, default=1, help="with --train: max_async_level")
     s.add_argument("--threads", type=int, default=None, help="torch threads (1 on a CPU shared with other jobs)")
     s.add_argument("--json", default=None, help="also write the result to this file")
 
@@ -139,7 +143,17 @@ def _stream(args: argparse.Namespace, dtype: torch.dtype) -> dict:
 
     shape = (args.steps, args.groups, args.group_size, args.prompt_len, args.min_tokens, args.max_tokens, args.alpha)
     return stream.run(
-        args.model, *shape, args.max_inflight, args.dtype or "float32", args.device, args.repeats, args.threads
+        args.model,
+        *shape,
+        args.max_inflight,
+        args.dtype or "float32",
+        args.device,
+        args.repeats,
+        args.threads,
+        train=args.train,
+        micro_tokens=args.micro_tokens,
+        lora_rank=args.lora_rank,
+        async_level=args.async_level,
     )
 
 
