@@ -154,3 +154,23 @@ def test_gumbel_sampler_draws_from_the_tempered_softmax():
     freq_V = torch.bincount(token_N, minlength=5).float() / 40000
     assert (freq_V - probs_V).abs().max() < 0.01  # ~4 standard errors at these counts
     torch.testing.assert_close(logprob_N, probs_V.log()[token_N])
+
+
+def test_a_full_weight_update_reaches_every_runner_of_the_model(tiny_model):
+    # A stream's runner and the generate path's (eval) runner on one model at once: both fuse q/k/v and
+    # gate/up into one tensor each, and a full-weight update (copied into the modules' weights) must
+    # reach the tensors both of them read, not only the last one fused.
+    _, fast = engines(tiny_model)
+    model, prompt = fast.model, [1, 17, 230, 99]
+    runners = [ModelRunner(model, 2, 64, use_cuda_graphs=False) for _ in range(2)]
+    assert runners[0].fused[0] is not None  # plain Linear projections: fused
+    g = torch.Generator().manual_seed(0)
+    new = {
+        k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items() if v.is_floating_point()
+    }
+    fast.load_weights(WeightUpdate(step=1, tensors=new))
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([prompt + [7]])).logits[0, -1]
+    for runner in runners:
+        runner.prefill([prompt], [0])
+        torch.testing.assert_close(runner.decode([7], [len(prompt)])[0], want, atol=1e-4, rtol=0)

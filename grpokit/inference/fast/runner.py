@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpokit.common.graph_capture import capture_lock
 from grpokit.common.models import unwrap_peft
 from grpokit.inference.fast.kernels import Kernels, qk_norm_rope
 
@@ -67,7 +68,25 @@ def check_supported(causal_lm: torch.nn.Module) -> None:
 
 
 def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Concatenate parameters along dim 0 and re-point each one at its slice of the result."""
+    """Concatenate parameters along dim 0 and re-point each one at its slice of the result; if they already
+    are consecutive slices of one storage (a runner built earlier on the same model fused them), return a
+    view of that memory instead, so every runner of a model reads the weights that updates copy into."""
+    first, rows = params[0].data, sum(p.shape[0] for p in params)
+    row_bytes = first[0].numel() * first.element_size() if first.dim() > 1 else first.element_size()
+    shared = all(
+        p.data.is_contiguous()
+        and p.shape[1:] == first.shape[1:]
+        and p.data.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        for p in params
+    )
+    if shared and all(
+        p.data.data_ptr() == first.data_ptr() + sum(q.shape[0] for q in params[:i]) * row_bytes
+        for i, p in enumerate(params)
+    ):
+        size = (rows, *first.shape[1:])
+        return first.new_empty(0).set_(
+            first.untyped_storage(), first.storage_offset(), size, torch.empty(size, device="meta").stride()
+        )
     fused = torch.cat([p.data for p in params])
     start = 0
     for p in params:
@@ -274,13 +293,13 @@ class ModelRunner:
                 self._decode_step(b, s)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: in co-locate mode this runs in the orchestrator's thread while the trainer works
-        # on the main thread; the default ("global") fails the capture when any other thread does an
-        # unsafe CUDA call meanwhile (a cudaMalloc of the trainer's allocator), thread_local only when
-        # this thread does. A device-wide synchronize elsewhere still breaks a capture: grpokit's
-        # trainer path syncs its own stream only.
-        with torch.cuda.graph(graph, pool=self.graph_pool, capture_error_mode="thread_local"):
-            self._decode_step(b, s)
+        # In co-locate mode this runs in the orchestrator's thread while the trainer works on the main
+        # thread. thread_local: the default ("global") fails the capture when any other thread makes an
+        # unsafe CUDA call meanwhile (a cudaMalloc of the trainer's allocator). A device-wide sync or a
+        # random op elsewhere still breaks it in any mode: capture_lock keeps the trainer's step apart.
+        with capture_lock(self.device):
+            with torch.cuda.graph(graph, pool=self.graph_pool, capture_error_mode="thread_local"):
+                self._decode_step(b, s)
         if self.graph_pool is None:
             self.graph_pool = graph.pool()
         self.graphs[(b, s)] = graph
