@@ -61,6 +61,7 @@ UNIT_PATHS = (
     "broadcast/test_filesystem_leftovers.py",
     "sweep/test_spec.py",
     "bench/test_overlap.py",
+    "test_graph_capture.py",
 )
 
 

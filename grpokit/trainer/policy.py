@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from grpokit.common.graph_capture import capture_lock
 from grpokit.common.models import load_causal_lm, parse_dtype
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
@@ -246,7 +247,12 @@ class Policy(L.LightningModule):
         (grpokit.trainer.distributed) forward and backward, the step's loss and metrics gathered from every rank,
         gradient clipping, and the optimizer step unless the non-finite guard refuses it (it then saves
         `received`, the batch as it arrived, to bad_batches/). What training_step runs and `grpokit bench` times.
+        On CUDA it holds `capture_lock`: a co-located engine captures no CUDA graph meanwhile.
         """
+        with capture_lock(self.device):
+            return self._train_batch(batch, opt, received)
+
+    def _train_batch(self, batch: TrainingBatch, opt: torch.optim.Optimizer, received: TrainingBatch | None):
         totals, mb_metrics, weights = torch.zeros((), dtype=torch.float64), [], []
         rank, world = rank_and_world()  # several ranks: each trains its share
         share = rank_share(batch.micro_batches, rank, world, equal=self.sharded)  # FSDP2: every forward is a collective
