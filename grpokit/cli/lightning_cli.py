@@ -31,7 +31,7 @@ from grpokit.orchestrator import Orchestrator
 from grpokit.orchestrator.kl_reward import warn_if_loss_has_kl
 from grpokit.orchestrator.pools import restart_log
 from grpokit.run import RunContext, Startup, open_run, start_engine
-from grpokit.trainer.callbacks import RolloutThread, ShareBaseWeights, StopOnInterrupt, WeightSync
+from grpokit.trainer.callbacks import ShareBaseWeights, StopOnInterrupt, StopRolloutThread, WeightSync
 from grpokit.trainer.checkpoint import (
     Checkpointer,
     CheckpointSettings,
@@ -184,16 +184,15 @@ class GrpoCLI(LightningCLI):
             # before WeightSync: shared before the first publish
             self.trainer.callbacks.append(ShareBaseWeights(engine))
         self.trainer.callbacks.append(WeightSync(broadcast))
-        # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
-        # them rather than sample those steps again with weights newer than the steps
-        first = first_unsent_step(self.datamodule, run.start_step) if run.start_step else None
-        data = self.datamodule
-        self.trainer.callbacks.append(RolloutThread(lambda: data.start(first), data.stop))  # after the two above
+        self.trainer.callbacks.append(StopRolloutThread(self.datamodule.stop))
         self._stop_on_interrupt()  # before the rollout thread starts: no Ctrl-C reaches Lightning's handler
         self._add_checkpointer(config)
         vllm = start_for_fit(self, engine, broadcast, config["server"])  # VLLMEngine with `serve`: fit runs vLLM itself
         if vllm is not None:
             self.trainer.callbacks.append(vllm)  # last: it stops vLLM after WeightSync's final publish
+        # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
+        # them rather than sample those steps again with weights newer than the steps
+        self.datamodule.start(first_unsent_step(self.datamodule, run.start_step) if run.start_step else None)
 
     def after_fit(self) -> None:
         self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130

@@ -140,23 +140,15 @@ class ShareBaseWeights(L.Callback):
         log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
 
 
-class RolloutThread(L.Callback):
-    """Co-locate `fit`: the rollout thread (Orchestrator.start/stop) runs from on_train_start to on_train_end.
+class StopRolloutThread(L.Callback):
+    """Co-locate `fit`: stop the rollout thread (Orchestrator.stop) at on_train_end, before Lightning's
+    teardown moves the model off the GPU and empties the CUDA cache, which must not happen while the
+    engine captures a CUDA graph or decodes. Training ends early with the thread still generating later
+    steps after a Ctrl-C (StopOnInterrupt); the other ways out stop it through the Orchestrator's
+    on_exception and teardown."""
 
-    It starts after the callbacks before it in the list have run: ShareBaseWeights (the engine's base
-    weights swapped for the trainer's; on a GPU a generation already running would go on reading the
-    freed copy, as a resumed run's did when the thread started before fit) and WeightSync (the first
-    weights published). It stops at on_train_end, before Lightning's teardown moves the model off the
-    GPU and empties the CUDA cache, which must not happen during the engine's graph capture or decode.
-    The other ways out (an exception, a resume with nothing left to train) stop it through the
-    Orchestrator's on_exception and teardown.
-    """
-
-    def __init__(self, start: Callable[[], None], stop: Callable[[], None]) -> None:
-        self.start, self.stop = start, stop
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start()
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self.stop = stop
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.stop()
