@@ -233,8 +233,8 @@ class Orchestrator(L.LightningDataModule):
         """Run the rollout loop in a thread (co-locate mode), from `first_step` (default start_step).
 
         Not a daemon thread: the interpreter waits for it at exit instead of finalizing under a generation
-        in progress, which aborts the process. Every way out of training stops it (teardown, on_exception),
-        so the wait is at most the rest of one generation."""
+        in progress, which aborts the process. Every way out of training stops it (on_train_end through
+        StopRolloutThread, teardown, on_exception), so the wait is at most the rest of one generation."""
         self._thread = threading.Thread(target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator")
         self._thread.start()
 
