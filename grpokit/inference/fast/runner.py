@@ -71,22 +71,15 @@ def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Concatenate parameters along dim 0 and re-point each one at its slice of the result; if they already
     are consecutive slices of one storage (a runner built earlier on the same model fused them), return a
     view of that memory instead, so every runner of a model reads the weights that updates copy into."""
-    first, rows = params[0].data, sum(p.shape[0] for p in params)
-    row_bytes = first[0].numel() * first.element_size() if first.dim() > 1 else first.element_size()
-    shared = all(
-        p.data.is_contiguous()
-        and p.shape[1:] == first.shape[1:]
-        and p.data.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        for p in params
-    )
-    if shared and all(
-        p.data.data_ptr() == first.data_ptr() + sum(q.shape[0] for q in params[:i]) * row_bytes
-        for i, p in enumerate(params)
-    ):
-        size = (rows, *first.shape[1:])
-        return first.new_empty(0).set_(
-            first.untyped_storage(), first.storage_offset(), size, torch.empty(size, device="meta").stride()
-        )
+    first, at, fused_already = params[0].data, params[0].data.data_ptr(), True
+    for p in params:  # contiguous, one after the other in the same storage
+        d = p.data
+        same_storage = d.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        fused_already &= same_storage and d.is_contiguous() and d.shape[1:] == first.shape[1:] and d.data_ptr() == at
+        at += d.numel() * d.element_size()
+    if fused_already:
+        size = (sum(p.shape[0] for p in params), *first.shape[1:])
+        return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), size)
     fused = torch.cat([p.data for p in params])
     start = 0
     for p in params:
