@@ -71,7 +71,7 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     max_inflight = max_inflight or groups
-    engine, fast = _engine(model_name, dtype, device)
+    engine = _engine(model_name, dtype, device)
     count = steps * groups + max_inflight  # streaming submits up to max_inflight beyond the last step's groups
     prompts, lengths = _workload(engine.vocab_size, count, prompt_len, min_tokens, max_tokens, alpha, seed)
     sampling = SamplingSettings(temperature=1.0, max_tokens=max_tokens, min_tokens=max_tokens, seed=seed)
@@ -101,7 +101,7 @@ def run(
         "prompt_len": prompt_len,
         "lengths": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths), "alpha": alpha},
         "max_inflight": max_inflight,
-        "path": "fast" if fast == "on" else "plain",
+        "path": "fast" if device.startswith("cuda") else "plain",  # _engine's choice
         "repeats": repeats,
         "torch": torch.__version__,
         **summary,
@@ -130,17 +130,16 @@ def _measure(variants: dict, repeats: int, trainer: dict | None, steps: int, dev
     return summary
 
 
-def _engine(model_name: str, dtype: str, device: str) -> tuple[BuiltinEngine, str]:
-    """The builtin engine on its default path for `device` (CUDA graphs, no minute-long compiles), around a
-    shape's random weights or a real model; and that path's `fast` setting."""
-    fast = "on" if device.startswith("cuda") else "off"
-    options = dict(fast=fast, prefix_cache_tokens=0, compile=False)
+def _engine(model_name: str, dtype: str, device: str) -> BuiltinEngine:
+    """The builtin engine on its default path for `device` (the fast one on CUDA: CUDA graphs, no
+    minute-long compiles; the plain one elsewhere), around a shape's random weights or a real model."""
+    options = dict(fast="on" if device.startswith("cuda") else "off", prefix_cache_tokens=0, compile=False)
     if model_name in SHAPES:  # random weights of a published shape (no tokenizer)
-        return shape_engine(model_name, getattr(torch, dtype), device, **options), fast
+        return shape_engine(model_name, getattr(torch, dtype), device, **options)
     engine = BuiltinEngine(dtype=dtype, device=device, **options)
     engine.setup(model_name)
     engine.weight_step = 0
-    return engine, fast
+    return engine
 
 
 def _workload(vocab: int, count: int, prompt_len: int, min_tokens: int, max_tokens: int, alpha: float, seed: int):
