@@ -7,7 +7,7 @@ checked is that every step trains, publishes and checkpoints on the GPU, that en
 logprobs agree (token_mult_prob_error), and how long the steps take.
 
     python bench/gpu_check_fit.py --prepare          # here: copy config + tokenizer into .gpu/smollm2/
-    # GPU machine (carry .gpu and .whl; install .whl as ../shared/tools/gpu-wheels.sh says):
+    # GPU machine (carry .gpu and .whl; bench/gpu_session.sh installs .whl, see bench/gpu_wheels.py):
     python bench/gpu_check_fit.py --out $OUT          # builds the random model, runs fit, checks, writes JSON
     python bench/gpu_check_fit.py --accelerator cpu --steps 2 --extra --data.batch_size 8   # CPU smoke test
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks still open, most needed first, in as few device calls as the 15 minutes of device time
 # a task gets allow (docs/benchmarks.md records what each settled).
-#   here:  bash ../shared/tools/gpu-wheels.sh && python bench/gpu_check_fit.py --prepare
+#   here:  python bench/gpu_wheels.py && python bench/gpu_check_fit.py --prepare
 #   there: bash bench/gpu_session.sh [CHECK...]      (device tool, carry [".whl", ".gpu"])
 # Checks, in the default order (each capped; one that its cap no longer fits in GPU_SESSION_SECONDS,
 # default 540, is skipped and named in checks.jsonl, so a second call can run the rest):
@@ -25,12 +25,26 @@ OUT=${OUT:-gpu_session_out}
 WORK=$(mktemp -d)
 BUDGET=${GPU_SESSION_SECONDS:-540}
 mkdir -p "$OUT"
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$PWD/.site" .whl/*.whl
-fi
-export PYTHONPATH="$PWD/.site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt" 2>&1
+# The wheels of bench/gpu_wheels.py whose distribution the image lacks (what it has is never shadowed),
+# then grpokit itself: pyproject maps registry/, envs/ and recipes/ into grpokit, so it must be installed.
+missing=$(python3 -c '
+import importlib.metadata as md, pathlib
+for w in sorted(pathlib.Path(".whl").glob("*.whl")):
+    try:
+        md.version(w.name.split("-")[0])
+    except md.PackageNotFoundError:
+        print(w)')
+echo "installed from .whl: ${missing:-nothing}" | tr '\n' ' ' >> "$OUT/gpu.txt"
+[ -z "$missing" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target "$PWD/.site" $missing \
+  >> "$OUT/gpu.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$PWD/.site" . \
+  >> "$OUT/gpu.txt" 2>&1 || echo "gpu_session: could not install grpokit into .site" >> "$OUT/gpu.txt"
+# PYTHONSAFEPATH: `python -m`/`-c` must not put the checkout (whose grpokit/ lacks registry/) before .site.
+export PYTHONPATH="$PWD/.site:$PWD" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+echo >> "$OUT/gpu.txt"
+python3 -c "import torch, transformers, grpokit.registry; print(torch.__version__, transformers.__version__)" \
+  >> "$OUT/gpu.txt" 2>&1
 
 run() {  # run NAME CAP COMMAND...: log to $WORK/NAME.log under min(CAP, time left); record the exit code
   local name=$1 cap=$2 left=$((BUDGET - SECONDS)); shift 2

@@ -77,6 +77,7 @@ def run(
     sampling = SamplingSettings(temperature=1.0, max_tokens=max_tokens, min_tokens=max_tokens, seed=seed)
     engine.generate([prompts[0][:4]], 1, SamplingSettings(max_tokens=2))  # warm-up: first-call costs
     work = dict(steps=steps, groups=groups, group_size=group_size, prompts=prompts, lengths=lengths)
+    work["max_len"] = prompt_len + max_tokens  # the KV cache's length; the model's own context would be GiBs
     variants = {
         "whole_batch": lambda bound=None: whole_batch(engine, sampling, **work, bound=bound),
         "streaming": lambda bound=None: streaming(engine, sampling, max_inflight, **work, bound=bound),
@@ -150,10 +151,10 @@ def _workload(vocab: int, count: int, prompt_len: int, min_tokens: int, max_toke
     return prompts, [min(max_tokens, int(min_tokens * x ** (-1.0 / alpha))) for x in u.tolist()]
 
 
-def whole_batch(engine, sampling, steps, groups, group_size, prompts, lengths, bound=None) -> dict:
+def whole_batch(engine, sampling, steps, groups, group_size, prompts, lengths, max_len=None, bound=None) -> dict:
     """`steps` steps of `groups` groups each, a step's groups started together once `bound` allows."""
     bound = bound or AsyncBound(None)
-    stream = engine.open_stream(sampling, groups * group_size)
+    stream = engine.open_stream(sampling, groups * group_size, max_len=max_len)
     seconds, tokens = [], 0
     for s in range(steps):
         bound.wait_to_start(s)
@@ -169,11 +170,13 @@ def whole_batch(engine, sampling, steps, groups, group_size, prompts, lengths, b
     return report
 
 
-def streaming(engine, sampling, max_inflight, steps, groups, group_size, prompts, lengths, bound=None) -> dict:
+def streaming(
+    engine, sampling, max_inflight, steps, groups, group_size, prompts, lengths, max_len=None, bound=None
+) -> dict:
     """Up to `max_inflight` groups in the stream until `steps` batches of `groups` have finished; group k
     lands in batch k // groups and is submitted once `bound` allows that batch."""
     bound = bound or AsyncBound(None)
-    stream = engine.open_stream(sampling, max_inflight * group_size)
+    stream = engine.open_stream(sampling, max_inflight * group_size, max_len=max_len)
     seconds, tokens, finished, k = [], 0, 0, 0
     start = time.perf_counter()
     while len(seconds) < steps:

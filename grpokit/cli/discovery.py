@@ -34,6 +34,8 @@ KINDS: dict[str, type] = {
     "inference": InferenceEngine,
 }
 BUILTIN_PACKAGES = ["grpokit.registry", "grpokit.transport", "grpokit.broadcast", "grpokit.inference"]
+# Subpackages that define no component: `grpokit infer`'s HTTP server (starlette, uvicorn) loads on use only.
+NOT_COMPONENTS = ("grpokit.inference.server",)
 ENTRY_POINT_GROUP = "grpokit.registry"
 
 
@@ -50,7 +52,8 @@ def discover() -> None:
     for package_name in BUILTIN_PACKAGES:
         package = importlib.import_module(package_name)
         for module in pkgutil.walk_packages(package.__path__, prefix=f"{package_name}."):
-            importlib.import_module(module.name)
+            if not module.name.startswith(NOT_COMPONENTS):
+                importlib.import_module(module.name)
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()

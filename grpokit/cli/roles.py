@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.inference.server.http import make_app, make_server
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.vllm.launch import start_recipe_vllm
 from grpokit.orchestrator.kl_reward import warn_if_loss_has_kl
@@ -52,6 +51,8 @@ class ServerSettings:
 
 def infer(cli) -> int:
     """Serve the recipe's model, loading each newly published step from the run's broadcast."""
+
+    from grpokit.inference.server.http import make_app, make_server  # starlette + uvicorn: `infer` only
 
     config = cli.config_init
     settings: ServerSettings = config["server"]

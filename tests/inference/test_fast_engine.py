@@ -174,3 +174,15 @@ def test_a_full_weight_update_reaches_every_runner_of_the_model(tiny_model):
     for runner in runners:
         runner.prefill([prompt], [0])
         torch.testing.assert_close(runner.decode([7], [len(prompt)])[0], want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.unit
+def test_a_kv_cache_larger_than_the_free_gpu_memory_names_rows_length_and_the_fix(monkeypatch):
+    from grpokit.inference.fast import runner
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))  # 1 GiB free
+    shape = (28, 128, 8, 40960, 128)  # Qwen3-0.6B, 128 rows of its full 40,960-token context
+    with pytest.raises(ValueError, match=r"128 rows of 40960 tokens needs 560\.0 GiB.*1\.0 GiB free.*max_len"):
+        runner._check_kv_fits(shape, torch.bfloat16, torch.device("cuda"))
+    runner._check_kv_fits((28, 8, 8, 512, 128), torch.bfloat16, torch.device("cuda"))  # 0.1 GiB fits
+    runner._check_kv_fits(shape, torch.bfloat16, torch.device("cpu"))  # host memory: not checked

@@ -21,6 +21,8 @@ Llama, Mistral (no sliding window), Qwen2, Qwen3, SmolLM2. Others fail at start 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -108,6 +110,7 @@ class ModelRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.num_slots, self.max_len = num_slots, max_len
         shape = (len(self.core.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
+        _check_kv_fits(shape, self.dtype, self.device)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         with torch.no_grad():
@@ -297,3 +300,20 @@ class ModelRunner:
             self.graph_pool = graph.pool()
         self.graphs[(b, s)] = graph
         return graph
+
+
+def _check_kv_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, naming the sizes and the fix, a K+V cache larger than the GPU's free memory (CUDA's own
+    out-of-memory error names neither the rows nor the length that asked for it)."""
+    if device.type != "cuda":
+        return
+    need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    free = torch.cuda.mem_get_info(device)[0]
+    if need > free:
+        layers, slots, kv_heads, max_len, head_dim = shape
+        raise ValueError(
+            f"the fast path's KV cache for {slots} rows of {max_len} tokens needs {need / 2**30:.1f} GiB "
+            f"({layers} layers x {kv_heads} KV heads x {head_dim} x K and V) but the GPU has {free / 2**30:.1f} "
+            "GiB free: lower the rows (data.batch_size, or data.streaming.max_inflight) or the length "
+            "(data.seq_len, sampling.max_tokens), or open the stream with a max_len"
+        )
