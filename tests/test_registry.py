@@ -102,3 +102,22 @@ def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
     assert any(c.class_path == "lab_plugin.CenteredOnly" for c in components("advantage"))
     cli = build(tmp_path, "--data.advantage", "CenteredOnly")
     assert type(cli.datamodule.advantage).__module__ == "lab_plugin"
+
+
+def test_only_grpokit_infer_imports_the_http_server_stack():
+    """`grpokit fit`, `train` and `orchestrate` parse recipes after discover(): none of that may need
+    starlette or uvicorn (the GPU image lacks them; they cost start-up time), which `grpokit infer`
+    imports when it serves."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import grpokit.main, grpokit.cli.roles
+        from grpokit.cli.discovery import discover
+        discover()
+        print(sorted(m for m in ("uvicorn", "starlette") if m in sys.modules))
+        from grpokit.inference.server import make_app  # the package's names still load on use
+        print("uvicorn" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "True"]
