@@ -40,3 +40,33 @@ def test_training_that_ends_early_stops_the_rollout_thread_before_teardown(tmp_p
     argv += ["--trainer.callbacks+=test_rollout_thread.StopAfterFirstStep"]
     assert main(argv) == 0
     assert seen == [False]
+
+
+def test_a_resumed_lora_run_samples_only_after_the_engine_shares_the_trainers_base_weights(
+    tmp_path, tiny_model, monkeypatch
+):
+    """A resumed run's engine holds weights to sample with before `trainer.fit` starts, while
+    ShareBaseWeights frees the engine's base weights at on_train_start: the rollout thread must wait
+    for it (ShareBaseWeights.ready), or it decodes from freed memory or graphs captured over it."""
+    from grpokit.inference.builtin import BuiltinEngine
+
+    def run(name: str, *more: str) -> None:
+        argv = tiny_fit_argv(tmp_path, tiny_model, "run", "--ckpt.interval", "2", *more)
+        assert main(argv) == 0, name
+
+    run("first", "--trainer.max_steps", "2")
+    events: list[str] = []
+    share, generate = BuiltinEngine.share_base_weights, BuiltinEngine.generate
+
+    def recording_share(self, *args, **kwargs):
+        events.append("share")
+        return share(self, *args, **kwargs)
+
+    def recording_generate(self, *args, **kwargs):
+        events.append("generate")
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(BuiltinEngine, "share_base_weights", recording_share)
+    monkeypatch.setattr(BuiltinEngine, "generate", recording_generate)
+    run("resumed", "--trainer.max_steps", "4", "--ckpt.resume_step", "-1")
+    assert events[0] == "share" and events.count("share") == 1 and "generate" in events

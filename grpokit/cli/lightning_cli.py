@@ -180,9 +180,11 @@ class GrpoCLI(LightningCLI):
         warn_if_loss_has_kl(self.datamodule.kl_in_reward, self.model.loss)
         if self.trainer.max_steps == -1:
             self._one_pass(self.datamodule.max_steps)
+        shared = None
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
             # before WeightSync: shared before the first publish
-            self.trainer.callbacks.append(ShareBaseWeights(engine))
+            shared = ShareBaseWeights(engine)
+            self.trainer.callbacks.append(shared)
         self.trainer.callbacks.append(WeightSync(broadcast))
         self.trainer.callbacks.append(StopRolloutThread(self.datamodule.stop))
         self._stop_on_interrupt()  # before the rollout thread starts: no Ctrl-C reaches Lightning's handler
@@ -192,7 +194,8 @@ class GrpoCLI(LightningCLI):
             self.trainer.callbacks.append(vllm)  # last: it stops vLLM after WeightSync's final publish
         # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
         # them rather than sample those steps again with weights newer than the steps
-        self.datamodule.start(first_unsent_step(self.datamodule, run.start_step) if run.start_step else None)
+        first = first_unsent_step(self.datamodule, run.start_step) if run.start_step else None
+        self.datamodule.start(first, after=shared.ready if shared is not None else None)
 
     def after_fit(self) -> None:
         self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130

@@ -229,17 +229,24 @@ class Orchestrator(L.LightningDataModule):
         self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
         self.transport.setup(run_dir)
 
-    def start(self, first_step: int | None = None) -> None:
+    def start(self, first_step: int | None = None, after: threading.Event | None = None) -> None:
         """Run the rollout loop in a thread (co-locate mode), from `first_step` (default start_step).
 
+        `after`: the thread touches the engine only once this is set (ShareBaseWeights sets it when the
+        engine's base weights point at the trainer's: swapping them under a generation, or under CUDA
+        graphs captured before, would read freed memory; a resumed run has weights to sample at once).
         Not a daemon thread: the interpreter waits for it at exit instead of finalizing under a generation
         in progress, which aborts the process. Every way out of training stops it (on_train_end through
         StopRolloutThread, teardown, on_exception), so the wait is at most the rest of one generation."""
-        self._thread = threading.Thread(target=self._run_guarded, args=(first_step,), name="grpokit-orchestrator")
+        args = (first_step, after)
+        self._thread = threading.Thread(target=self._run_guarded, args=args, name="grpokit-orchestrator")
         self._thread.start()
 
-    def _run_guarded(self, first_step: int | None) -> None:
+    def _run_guarded(self, first_step: int | None, after: threading.Event | None = None) -> None:
         try:
+            while after is not None and not after.wait(0.05):
+                if self.loop.stopping.is_set():
+                    return  # training ended before it started
             self.loop.run(first_step)
         except BaseException as e:  # surfaced to the trainer thread by receive()
             if self.loop.stopping.is_set():  # the trainer ended (done, Ctrl-C, its own error) and stopped it

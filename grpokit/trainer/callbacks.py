@@ -130,14 +130,22 @@ class StopOnInterrupt(L.Callback):
 class ShareBaseWeights(L.Callback):
     """Co-locate `fit` with LoRA: the engine samples with the trainer's frozen base weights instead of a
     copy of its own (BuiltinEngine.share_base_weights), once the trainer's model is on its device and
-    before the first weights are published (so before WeightSync's on_train_start)."""
+    before the first weights are published (so before WeightSync's on_train_start).
 
-    def __init__(self, engine) -> None:
+    The rollout thread starts before `trainer.fit` and waits for `ready` (Orchestrator.start's `after`),
+    set here once the weights are shared: the engine's own copies are freed by the swap, and a resumed
+    run's thread could otherwise be sampling with them, or have captured CUDA graphs reading them."""
+
+    def __init__(self, engine, ready: threading.Event | None = None) -> None:
         self.engine = engine
+        self.ready = ready if ready is not None else threading.Event()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        shared = self.engine.share_base_weights(pl_module.lm)
-        log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
+        try:
+            shared = self.engine.share_base_weights(pl_module.lm)
+            log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
+        finally:
+            self.ready.set()  # on an error too: the thread then sees the trainer stop, not a hang
 
 
 class StopRolloutThread(L.Callback):
