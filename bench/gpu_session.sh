@@ -3,18 +3,19 @@
 # a task gets allow (docs/benchmarks.md records what each settled).
 #   here:  python bench/gpu_wheels.py && python bench/gpu_check_fit.py --prepare
 #   there: bash bench/gpu_session.sh [CHECK...]      (device tool, carry [".whl", ".gpu"])
-# Checks, in the default order (each capped; one that its cap no longer fits in GPU_SESSION_SECONDS,
-# default 540, is skipped and named in checks.jsonl, so a second call can run the rest):
-#   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
-#                  logprob against its own step's weights (bench/gpu_check_engine.py --checks stream)
+# Checks, in the default order: the ones not yet run first (each capped; one that its cap no longer
+# fits in GPU_SESSION_SECONDS, default 540, is skipped and named in checks.jsonl, so a second call can
+# run the rest). docs/benchmarks.md records what each settled and when.
 #   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
 #                  overlapped with Policy's training steps: step time against max(generation, training)
-#   fit            grpokit fit end to end on the GPU (bench/gpu_check_fit.py; never run before)
-#   fit_stream     the same with data.streaming on (in-flight weight updates on the fast path)
-#   step           bench step (whole-batch, max_async_level 1 overlap) through Policy
+#   fit_stream     grpokit fit with data.streaming on (in-flight weight updates on the fast path)
 #   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
 #   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
 #                  LM head on the trained tokens only (logits_to_keep) saves
+#   fit            grpokit fit end to end on the GPU (bench/gpu_check_fit.py; passed on an H200)
+#   step           bench step (whole-batch, max_async_level 1 overlap) through Policy (ran on an H200)
+#   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
+#                  logprob against its own step's weights (bench/gpu_check_engine.py --checks stream)
 #   engine         all of bench/gpu_check_engine.py (fp32 and bf16 fast path vs plain, and the stream)
 # `bash bench/gpu_session.sh grpo` runs that one check. What comes back ($OUT, at most 8 files):
 # checks.jsonl (name, exit code, seconds, or why skipped), results.json (every check's JSON result),
@@ -61,7 +62,7 @@ check() {  # check NAME: one check of the list above
   case $1 in
     engine_stream) run engine_stream 150 python3 bench/gpu_check_engine.py --checks stream --out "$WORK/engine_stream.json" ;;
     engine) run engine 240 python3 bench/gpu_check_engine.py --out "$WORK/engine.json" ;;
-    stream) run stream 270 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 \
+    stream) run stream 330 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 \
       --steps 5 --groups 16 --group-size 8 --prompt-len 64 --max-tokens 512 --repeats 2 --train \
       --json "$WORK/stream.json" ;;
     fit) run fit 200 python3 bench/gpu_check_fit.py --out "$WORK/fit" ;;
@@ -79,7 +80,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(engine_stream stream fit fit_stream step train grpo)
+[ ${#checks[@]} -gt 0 ] || checks=(stream fit_stream train grpo fit step engine_stream)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys
