@@ -314,6 +314,7 @@ def _check_kv_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
         raise ValueError(
             f"the fast path's KV cache for {slots} rows of {max_len} tokens needs {need / 2**30:.1f} GiB "
             f"({layers} layers x {kv_heads} KV heads x {head_dim} x K and V) but the GPU has {free / 2**30:.1f} "
-            "GiB free: lower the rows (data.batch_size, or data.streaming.max_inflight) or the length "
-            "(data.seq_len, sampling.max_tokens), or open the stream with a max_len"
+            "GiB free: lower the rows (inference.init_args.max_batch_size, or data.streaming.max_inflight) "
+            "or the length (data.sampling.max_tokens, data.seq_len, inference.init_args.max_model_len), "
+            "or open the stream with a max_len"
         )
