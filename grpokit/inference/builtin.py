@@ -97,6 +97,7 @@ class BuiltinEngine(InferenceEngine):
         self.model = None
         self.runner = None
         self.weight_step = -1
+        self._writes = None  # CUDA event after the last weight write (see _own_stream)
 
     def setup(self, model: str) -> None:
         self.tokenizer = load_tokenizer(model)
@@ -109,6 +110,7 @@ class BuiltinEngine(InferenceEngine):
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
         usable = not self.fast and supports(self.model.config)
         self.prefix_cache = PrefixCache(self.prefix_cache_tokens if usable else 0)
+        self._mark_written()
 
     def load_weights(self, update: WeightUpdate) -> None:
         self.prefix_cache.clear()  # cached keys and values hold only for the weights that computed them
@@ -134,6 +136,7 @@ class BuiltinEngine(InferenceEngine):
         if update.norm_tensors:
             apply_norm_weights(self.model, update.norm_tensors)
         self.weight_step = update.step
+        self._mark_written()
 
     def share_base_weights(self, trainer_model: torch.nn.Module) -> int:
         """Co-locate with LoRA: point this engine's base weights at the trainer's frozen copies of the same
@@ -166,6 +169,7 @@ class BuiltinEngine(InferenceEngine):
             self.prefix_cache.clear()
             if self.merged is not None:
                 self.merged.refresh()  # same values; merged from the tensors the base now points at
+            self._mark_written()
         return shared
 
     def weights_sha256(self) -> str:
@@ -290,10 +294,21 @@ class BuiltinEngine(InferenceEngine):
             return
         if getattr(self, "_stream", None) is None:
             self._stream = torch.cuda.Stream(device=self.device)
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # weight loads before sampling
+        if self._writes is not None:  # weight writes before sampling
+            self._stream.wait_event(self._writes)
+            self._writes = None
         with torch.cuda.stream(self._stream):
             yield
         self._stream.synchronize()
+
+    def _mark_written(self) -> None:
+        """Weights were written on the calling thread's current stream (the default one, which the trainer
+        shares in co-locate mode): the next sampling on the engine's stream waits for those writes only,
+        not for every kernel the trainer queued there since (waiting on the whole stream at each streamed
+        advance would queue the decode behind a micro-batch's forward and backward)."""
+        if str(self.device).startswith("cuda"):
+            self._writes = torch.cuda.Event()
+            self._writes.record(torch.cuda.current_stream(self.device))
 
     def _runner(self, flat: list[list[int]], sampling: SamplingSettings) -> ModelRunner:
         """The fast path's runner, (re)built when the cache is too small for this request."""

@@ -281,7 +281,8 @@ class StreamingRollouts:
         """An Env-episode prompt: its G episodes start, and play until they wait for replies."""
         if self.episodes is None:
             loop, config = self.loop, self.loop.config
-            context = loop.engine.context_length() or sys.maxsize
+            # every role's turns go through the one stream, whose cache holds self.budget tokens
+            context = min(loop.engine.context_length() or sys.maxsize, self.budget)
             limits = EpisodeLimits(config.sampling.max_tokens, self.budget, config.max_turns, context)
             self.episodes = EpisodeTable(loop.tokenizer, limits)
         self._play(_Episodes(p, self.episodes.start(p.env, p.example, self.group_size)))

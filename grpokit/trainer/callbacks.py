@@ -16,6 +16,7 @@ import lightning as L
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.checksums import tensors_sha256
+from grpokit.common.graph_capture import capture_lock
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,12 @@ class WeightSync(L.Callback):
 
     def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Publish the current weights from rank 0 (DDP ranks hold identical weights; rank 0 speaks for
-        them). Sharded weights are gathered first, which every rank joins."""
+        them). Sharded weights are gathered first, which every rank joins. Their copies are made under
+        `capture_lock`, as a training step is: an allocator retry (cudaFree, a device-wide sync) must not
+        overlap a co-located engine's graph capture. Not the publish: a broadcast may wait for a receiver."""
         if trainer.is_global_zero or getattr(pl_module, "sharded", False):
-            update = pl_module.weight_update(trainer.global_step)
+            with capture_lock(pl_module.device):
+                update = pl_module.weight_update(trainer.global_step)
             if trainer.is_global_zero:
                 self.broadcast.publish(update)
         self.published_step = trainer.global_step

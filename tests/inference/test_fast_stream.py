@@ -70,3 +70,48 @@ def test_a_weight_update_between_advances_continues_with_the_new_weights(tiny_mo
             ref_new = forward_logprobs(new, PROMPTS[key], c.token_ids).tolist()
             ref = [o if s == 0 else n for o, n, s in zip(ref_old, ref_new, per_token)]
             assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < 1e-4
+
+
+def test_a_prompt_that_fills_the_streams_cache_is_refused_one_token_short_of_it_finishes(tiny_model):
+    """A prompt as long as the cache leaves no position for its next token (it used to be admitted,
+    its row's position set one past the cache for the decode graph); one token shorter gets one token."""
+    engine = BuiltinEngine(device="cpu", fast="on", cuda_graphs=False, compile=False, max_model_len=16)
+    engine.setup(tiny_model)
+    engine.weight_step = 0
+    stream = engine.open_stream(SamplingSettings(max_tokens=8, seed=0), max_rows=4, max_len=16)
+    stream.submit(GroupRequest(0, list(range(5, 20)), 1))  # 15 tokens: room for one
+    stream.submit(GroupRequest(1, PROMPTS[0], 2))
+    got = drain(stream)
+    assert len(got[0][0].token_ids) == 1 and got[0][0].is_truncated
+    assert all(len(c.token_ids) == 8 for c in got[1])  # decoded beside (and after) the full row
+    stream.submit(GroupRequest(2, list(range(5, 21)), 1))  # 16 tokens
+    with pytest.raises(ValueError, match="leaves no room for a completion in the engine's KV cache of 16"):
+        drain(stream)
+
+
+def test_the_streams_batch_is_built_at_the_first_advance_and_rebuilt_when_an_adapter_wraps_the_model(tiny_model):
+    """The batch (KV cache, graphs) is built in the sampling thread at the first advance, not when the
+    stream opens (in `fit` that is before the trainer is on the GPU). The first LoRA update wraps the
+    model in peft: the unfinished groups start over on a new batch, every token from the adapter's step."""
+    engine = fast_engine(tiny_model)
+    greedy = SamplingSettings(temperature=0.0, max_tokens=10)
+    stream = engine.open_stream(greedy, max_rows=8, max_len=32)
+    for i, p in enumerate(PROMPTS):
+        stream.submit(GroupRequest(i, p, 2))
+    assert stream.batch is None and stream.decode_steps == 0
+    stream.advance()
+    assert stream.batch is not None and stream.decode_steps > 0
+    lora_config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for layer in range(2):
+        for proj, out in (("q_proj", 64), ("v_proj", 32)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=g) * 0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, 4, generator=g) * 0.5
+    stream.load_weights(WeightUpdate(step=1, tensors=tensors, lora_config=lora_config))
+    got = drain(stream)
+    expected = engine.generate(PROMPTS, 2, greedy)  # the adapted model, from the start
+    for i in range(len(PROMPTS)):
+        assert [c.token_ids for c in got[i]] == [c.token_ids for c in expected[i]]
+        assert all(c.policy_step == 1 and c.token_steps is None for c in got[i])

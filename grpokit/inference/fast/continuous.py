@@ -259,6 +259,7 @@ class ContinuousBatch:
         rows = torch.tensor([s for s, *_ in done], device=dev)
         tokens_out, logprobs_out = st.tokens_BN[rows].tolist(), st.logprobs_BN[rows].tolist()
         st.busy_B[rows] = False
+        self.runner.positions_B[rows] = 0  # a freed row is still decoded (masked): keep it inside the cache
         for i, (s, r, n, truncated) in enumerate(done):
             self.results[r] = (tokens_out[i][:n], logprobs_out[i][:n], truncated)
             self.slot_request[s] = -1

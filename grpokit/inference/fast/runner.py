@@ -184,8 +184,11 @@ class ModelRunner:
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Run `prompts` (token ids) into cache rows `slots`; return the last position's logits [N, V]."""
         n, p = len(prompts), max(len(x) for x in prompts)
-        if p > self.max_len:
-            raise ValueError(f"prompt of {p} tokens exceeds the engine's max_model_len {self.max_len}")
+        if p >= self.max_len:  # the next token needs a position: one at max_len indexes past the cache
+            raise ValueError(
+                f"a prompt of {p} tokens leaves no room for a completion in the engine's KV cache of "
+                f"{self.max_len} tokens (inference.init_args.max_model_len, or data.seq_len when streaming)"
+            )
         ids_NP = torch.zeros((n, p), dtype=torch.long)
         for i, ids in enumerate(prompts):
             ids_NP[i, : len(ids)] = torch.tensor(ids)
@@ -308,7 +311,9 @@ def _check_kv_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     if device.type != "cuda":
         return
     need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    free = torch.cuda.mem_get_info(device)[0]
+    # the caching allocator's reserved but unused blocks count as free: it releases them and retries
+    # before it fails an allocation (an old cache freed a moment ago is still reserved)
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if need > free:
         layers, slots, kv_heads, max_len, head_dim = shape
         raise ValueError(

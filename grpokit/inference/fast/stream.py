@@ -49,7 +49,9 @@ class FastStream(GenerationStream):
         self.on_update = on_update
         self.generator = torch.Generator(device=engine.device).manual_seed(sampling.seed or 0)
         self.groups: list[_Group] = []
-        self.batch = self._new_batch()
+        # built at the first advance, on the engine's stream and in the sampling thread (not the one that
+        # opened the stream, before training put the trainer on the device): see _batch
+        self.batch: ContinuousBatch | None = None
 
     @property
     def inflight(self) -> int:
@@ -57,15 +59,16 @@ class FastStream(GenerationStream):
 
     @property
     def decode_steps(self) -> int:
-        return self.batch.decode_steps
+        return self.batch.decode_steps if self.batch is not None else 0
 
     @property
     def decoded_rows(self) -> int:
-        return self.batch.decoded_rows
+        return self.batch.decoded_rows if self.batch is not None else 0
 
     @torch.no_grad()
     def advance(self) -> list[FinishedGroup]:
         with self.engine._own_stream():
+            self._batch()
             self._admit()
             if self.batch.active:
                 self.batch.advance()
@@ -76,9 +79,11 @@ class FastStream(GenerationStream):
     def load_weights(self, update) -> None:
         model = self.engine.model
         self.engine.load_weights(update)
+        if self.batch is None:
+            return  # nothing sampled yet: the batch, once built, starts at the engine's step
         with self.engine._own_stream():
             if self.engine.model is not model:  # peft wrapped the model: the runner's modules are stale
-                self._rebuild(update.step)
+                self._rebuild()
                 return
             self.batch.weight_step = update.step
             self.batch.restart_live(keep_tokens=self.on_update == "continue")
@@ -87,6 +92,13 @@ class FastStream(GenerationStream):
         super().close()
         self.groups = []
         self.batch = None
+
+    def _batch(self) -> ContinuousBatch:
+        """The stream's batch, built on first use: its KV cache then is sized against the memory the
+        trainer left, and its graphs are captured in the thread that replays them."""
+        if self.batch is None:
+            self.batch = self._new_batch()
+        return self.batch
 
     def _new_batch(self) -> ContinuousBatch:
         engine = self.engine
@@ -120,10 +132,9 @@ class FastStream(GenerationStream):
         steps = [next(s for start, s in reversed(bounds) if start <= t) for t in range(len(tokens))]
         return Completion.from_steps(tokens, logprobs, truncated, steps or [bounds[-1][1]])
 
-    def _rebuild(self, step: int) -> None:
-        """A new runner for the re-wrapped model; the unfinished groups' rows start over (regenerate)."""
+    def _rebuild(self) -> None:
+        """A new runner for the re-wrapped model (built at the next advance, at the engine's step); the
+        unfinished groups' rows start over (regenerate)."""
         unfinished = [g.request for g in self.groups]
         self.groups, self.batch = [], None
-        self.batch = self._new_batch()
-        self.batch.weight_step = step
         self.queue.extendleft(reversed(unfinished))
