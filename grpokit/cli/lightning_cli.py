@@ -31,7 +31,13 @@ from grpokit.orchestrator import Orchestrator
 from grpokit.orchestrator.kl_reward import warn_if_loss_has_kl
 from grpokit.orchestrator.pools import restart_log
 from grpokit.run import RunContext, Startup, open_run, start_engine
-from grpokit.trainer.callbacks import ShareBaseWeights, StopOnInterrupt, StopRolloutThread, WeightSync
+from grpokit.trainer.callbacks import (
+    ReleaseRolloutThread,
+    ShareBaseWeights,
+    StopOnInterrupt,
+    StopRolloutThread,
+    WeightSync,
+)
 from grpokit.trainer.checkpoint import (
     Checkpointer,
     CheckpointSettings,
@@ -180,11 +186,11 @@ class GrpoCLI(LightningCLI):
         warn_if_loss_has_kl(self.datamodule.kl_in_reward, self.model.loss)
         if self.trainer.max_steps == -1:
             self._one_pass(self.datamodule.max_steps)
-        shared = None
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
             # before WeightSync: shared before the first publish
-            shared = ShareBaseWeights(engine)
-            self.trainer.callbacks.append(shared)
+            self.trainer.callbacks.append(ShareBaseWeights(engine))
+        release = ReleaseRolloutThread()  # after ShareBaseWeights
+        self.trainer.callbacks.append(release)
         self.trainer.callbacks.append(WeightSync(broadcast))
         self.trainer.callbacks.append(StopRolloutThread(self.datamodule.stop))
         self._stop_on_interrupt()  # before the rollout thread starts: no Ctrl-C reaches Lightning's handler
@@ -195,7 +201,7 @@ class GrpoCLI(LightningCLI):
         # resumed: batches the killed run sent are still on disk (kept from its checkpoint on); train on
         # them rather than sample those steps again with weights newer than the steps
         first = first_unsent_step(self.datamodule, run.start_step) if run.start_step else None
-        self.datamodule.start(first, after=shared.ready if shared is not None else None)
+        self.datamodule.start(first, after=release.ready)
 
     def after_fit(self) -> None:
         self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130

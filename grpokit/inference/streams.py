@@ -57,6 +57,8 @@ class FinishedGroup:
 class GenerationStream(ABC):
     """Groups in flight in an engine (see the module docstring)."""
 
+    max_len: int | None = None  # tokens a row holds, prompt + completion (a fixed KV cache); None: the context
+
     def __init__(self, engine, sampling: SamplingSettings, max_rows: int) -> None:
         if max_rows < 1:
             raise ValueError(f"a generation stream needs max_rows >= 1, got {max_rows}")

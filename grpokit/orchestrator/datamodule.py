@@ -232,9 +232,8 @@ class Orchestrator(L.LightningDataModule):
     def start(self, first_step: int | None = None, after: threading.Event | None = None) -> None:
         """Run the rollout loop in a thread (co-locate mode), from `first_step` (default start_step).
 
-        `after`: the thread touches the engine only once this is set (ShareBaseWeights sets it when the
-        engine's base weights point at the trainer's: swapping them under a generation, or under CUDA
-        graphs captured before, would read freed memory; a resumed run has weights to sample at once).
+        `after`: the thread touches the engine only once this is set (`grpokit fit` sets it when training
+        starts: grpokit.trainer.callbacks.ReleaseRolloutThread says why).
         Not a daemon thread: the interpreter waits for it at exit instead of finalizing under a generation
         in progress, which aborts the process. Every way out of training stops it (on_train_end through
         StopRolloutThread, teardown, on_exception), so the wait is at most the rest of one generation."""

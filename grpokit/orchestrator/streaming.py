@@ -281,8 +281,8 @@ class StreamingRollouts:
         """An Env-episode prompt: its G episodes start, and play until they wait for replies."""
         if self.episodes is None:
             loop, config = self.loop, self.loop.config
-            # every role's turns go through the one stream, whose cache holds self.budget tokens
-            context = min(loop.engine.context_length() or sys.maxsize, self.budget)
+            # every role's turns go through the one stream: a fixed cache (the fast path's) bounds them all
+            context = min(loop.engine.context_length() or sys.maxsize, self.stream.max_len or sys.maxsize)
             limits = EpisodeLimits(config.sampling.max_tokens, self.budget, config.max_turns, context)
             self.episodes = EpisodeTable(loop.tokenizer, limits)
         self._play(_Episodes(p, self.episodes.start(p.env, p.example, self.group_size)))

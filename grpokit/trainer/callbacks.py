@@ -134,22 +134,30 @@ class StopOnInterrupt(L.Callback):
 class ShareBaseWeights(L.Callback):
     """Co-locate `fit` with LoRA: the engine samples with the trainer's frozen base weights instead of a
     copy of its own (BuiltinEngine.share_base_weights), once the trainer's model is on its device and
-    before the first weights are published (so before WeightSync's on_train_start).
+    before the first weights are published (so before WeightSync's on_train_start). The rollout thread
+    is held until then (ReleaseRolloutThread): the swap frees the engine's own copies."""
 
-    The rollout thread starts before `trainer.fit` and waits for `ready` (Orchestrator.start's `after`),
-    set here once the weights are shared: the engine's own copies are freed by the swap, and a resumed
-    run's thread could otherwise be sampling with them, or have captured CUDA graphs reading them."""
-
-    def __init__(self, engine, ready: threading.Event | None = None) -> None:
+    def __init__(self, engine) -> None:
         self.engine = engine
-        self.ready = ready if ready is not None else threading.Event()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        try:
-            shared = self.engine.share_base_weights(pl_module.lm)
-            log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
-        finally:
-            self.ready.set()  # on an error too: the thread then sees the trainer stop, not a hang
+        shared = self.engine.share_base_weights(pl_module.lm)
+        log.info("engine shares %.1f MiB of base weights with the trainer", shared / 2**20)
+
+
+class ReleaseRolloutThread(L.Callback):
+    """Co-locate `fit`: the rollout thread starts before `trainer.fit` (Orchestrator.start) but touches
+    the engine only once training starts (`ready`, set here at on_train_start, after ShareBaseWeights).
+    Until then Lightning sets up on the main thread (the model to the device, a checkpoint's restore),
+    and a resumed run's engine, which has weights to sample with at once, would capture CUDA graphs
+    meanwhile (nothing guards those calls against a capture) and size its KV cache before the trainer's
+    memory is taken, or sample with base weights ShareBaseWeights is about to free."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.ready.set()
 
 
 class StopRolloutThread(L.Callback):
