@@ -6,7 +6,7 @@ their own classes, and what grpokit's own tests and benches share.
 
 - contracts.py: check_component and the checks per kind; float64 LossInputs for hand-computed tests.
 - batches.py: seeded random TrainingBatches, and their exact comparison.
-- models.py: the tiny random model, and the CLI arguments of a short run on it.
+- models.py: the tiny random model, a LoRA update for it, and the CLI arguments of a short run on it.
 - servers.py: a scripted misbehaving HTTP peer; the builtin engine behind grpokit's server.
 - stand_ins.py: scripted task, environment and engine for multi-turn tests; draining a stream.
 - processes.py: free ports, process groups, background threads, waiting for a condition.
@@ -24,7 +24,7 @@ from grpokit.testing.contracts import (
     loss_inputs,
     make_loss_inputs,
 )
-from grpokit.testing.models import build_tiny_model, tiny_fit_argv
+from grpokit.testing.models import build_tiny_model, tiny_fit_argv, tiny_lora_update
 from grpokit.testing.processes import free_port, in_background, process_group_gone, wait_until
 from grpokit.testing.servers import ScriptedServer, serving, slow_forwards
 from grpokit.testing.stand_ins import MULTI_TURN_GAME_FLAGS, ChatLengthEnv, ReplyEngine, ToolReplyTask, drain, play
@@ -55,5 +55,6 @@ __all__ = [
     "serving",
     "slow_forwards",
     "tiny_fit_argv",
+    "tiny_lora_update",
     "wait_until",
 ]

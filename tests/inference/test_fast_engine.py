@@ -12,6 +12,7 @@ import torch
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.fast.runner import ModelRunner
+from grpokit.testing import tiny_lora_update
 from grpokit.types import WeightUpdate
 
 PROMPTS = [[1, 17, 230, 99], [5, 6], [300, 301, 302, 303, 304, 305, 306], [42]]
@@ -99,22 +100,12 @@ def test_qwen3_shape_with_qk_norm_and_gqa(tmp_path):
 def test_lora_update_applies_on_the_fast_path(tiny_model):
     plain, fast = engines(tiny_model, max_batch_size=4)
     fast.generate(PROMPTS[:1], 1, SamplingSettings(temperature=0.0, max_tokens=2))  # runner built before the adapter
-    lora_config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    g = torch.Generator().manual_seed(0)
-    tensors = {}
-    for layer in range(2):
-        for proj, out in (("q_proj", 64), ("v_proj", 32)):
-            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=g) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, 4, generator=g) * 0.5
     for engine in (plain, fast):
-        engine.load_weights(WeightUpdate(step=1, tensors=tensors, lora_config=lora_config))
+        engine.load_weights(tiny_lora_update(step=1))
     assert_same_greedy(plain, fast)
     before = fast.generate(PROMPTS, 1, SamplingSettings(temperature=0.0, max_tokens=6))
     for engine in (plain, fast):  # second update: values change in place
-        engine.load_weights(
-            WeightUpdate(step=2, tensors={k: v * 2 for k, v in tensors.items()}, lora_config=lora_config)
-        )
+        engine.load_weights(tiny_lora_update(step=2, scale=2.0))
     assert_same_greedy(plain, fast)
     after = fast.generate(PROMPTS, 1, SamplingSettings(temperature=0.0, max_tokens=6))
     assert after[0][0].policy_step == 2

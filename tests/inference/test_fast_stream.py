@@ -11,7 +11,7 @@ from grpokit.bench.generate import forward_logprobs
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import GroupRequest
-from grpokit.testing import drain
+from grpokit.testing import drain, tiny_lora_update
 from grpokit.types import WeightUpdate
 
 PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
@@ -101,15 +101,7 @@ def test_the_streams_batch_is_built_at_the_first_advance_and_rebuilt_when_an_ada
     assert stream.batch is None and stream.decode_steps == 0
     stream.advance()
     assert stream.batch is not None and stream.decode_steps > 0
-    lora_config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    g = torch.Generator().manual_seed(0)
-    tensors = {}
-    for layer in range(2):
-        for proj, out in (("q_proj", 64), ("v_proj", 32)):
-            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=g) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, 4, generator=g) * 0.5
-    stream.load_weights(WeightUpdate(step=1, tensors=tensors, lora_config=lora_config))
+    stream.load_weights(tiny_lora_update(step=1))
     got = drain(stream)
     expected = engine.generate(PROMPTS, 2, greedy)  # the adapted model, from the start
     for i in range(len(PROMPTS)):
