@@ -9,6 +9,8 @@
 #   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
 #                  overlapped with Policy's training steps: step time against max(generation, training)
 #   fit_stream     grpokit fit with data.streaming on (in-flight weight updates on the fast path)
+#   fit_sync       grpokit fit at max_async_level 0: every step's token_mult_prob_error is engine vs
+#                  trainer on the same weights, the adapter's push to the engine included
 #   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
 #   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
 #                  LM head on the trained tokens only (logits_to_keep) saves
@@ -68,6 +70,7 @@ check() {  # check NAME: one check of the list above
     fit) run fit 200 python3 bench/gpu_check_fit.py --out "$WORK/fit" ;;
     fit_stream) run fit_stream 200 python3 bench/gpu_check_fit.py --out "$WORK/fit_stream" \
       --extra --data.streaming '{max_inflight: 8, on_update: continue}' ;;
+    fit_sync) run fit_sync 200 python3 bench/gpu_check_fit.py --sync --out "$WORK/fit_sync" ;;
     step) run step 160 python3 -m grpokit.bench step --model qwen3-0.6b --batch 256 --prompt-len 64 \
       --new-tokens 256 --lora-rank 16 --json "$WORK/step.json" ;;
     train) run train 180 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 \
@@ -80,7 +83,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(stream fit_stream train grpo fit step engine_stream)
+[ ${#checks[@]} -gt 0 ] || checks=(stream fit_stream fit_sync train grpo fit step engine_stream)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys
