@@ -46,8 +46,15 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 # PYTHONSAFEPATH: `python -m`/`-c` must not put the checkout (whose grpokit/ lacks registry/) before .site.
 export PYTHONPATH="$PWD/.site:$PWD" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 echo >> "$OUT/gpu.txt"
-python3 -c "import torch, transformers, grpokit.registry; print(torch.__version__, transformers.__version__)" \
-  >> "$OUT/gpu.txt" 2>&1
+# preflight: what every check imports; a missing wheel stops here, in seconds, not in each check
+if ! python3 -c "import torch, transformers, verifiers.v1, grpokit.main, grpokit.envs.reverse_text
+from grpokit.cli.discovery import discover
+discover()
+print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt" 2>&1; then
+  echo "gpu_session: the preflight import failed (gpu.txt has why): add the wheel to bench/gpu_wheels.py" \
+    | tee -a "$OUT/gpu.txt" >&2
+  exit 3
+fi
 
 run() {  # run NAME CAP COMMAND...: log to $WORK/NAME.log under min(CAP, time left); record the exit code
   local name=$1 cap=$2 left=$((BUDGET - SECONDS)); shift 2
