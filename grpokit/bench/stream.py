@@ -102,7 +102,7 @@ def run(
         "prompt_len": prompt_len,
         "lengths": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths), "alpha": alpha},
         "max_inflight": max_inflight,
-        "path": "fast" if device.startswith("cuda") else "plain",  # _engine's choice
+        "path": "fast" if engine.fast else "plain",
         "repeats": repeats,
         "torch": torch.__version__,
         **summary,

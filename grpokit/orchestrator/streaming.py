@@ -157,9 +157,8 @@ class StreamingRollouts:
         self.chat: ChatTokens | None = None  # for multi-turn prompts, made at the first one
         self.budget = min(config.seq_len, loop.engine.context_length() or config.seq_len)
         self.groups_inflight = 0  # prompts submitted whose group has not finished (every turn of it)
-        max_len = min(config.seq_len, loop.engine.context_length() or config.seq_len)
-        self.stream = loop.engine.open_stream(
-            config.sampling, settings.max_inflight * self.group_size, settings.on_update, max_len
+        self.stream = loop.engine.open_stream(  # a row holds the trained budget
+            config.sampling, settings.max_inflight * self.group_size, settings.on_update, self.budget
         )
         self.prompts: deque[_Pending] = deque()
         self.next_block: int | None = None
