@@ -116,6 +116,9 @@ def main() -> int:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
         wall = time.perf_counter() - start
         run = Path(tmp) / "gpu"
+        for name in ("timeline.jsonl", "metrics.csv"):  # per-group spans and weight loads: why a step waited
+            if (run / name).exists():
+                shutil.copy2(run / name, args.out / name)
         rows = [r for r in csv.DictReader(open(run / "metrics.csv"))] if (run / "metrics.csv").exists() else []
         steps = [r for r in rows if r.get("loss")]
         column = lambda name: [float(r[name]) for r in steps if r.get(name)]  # noqa: E731

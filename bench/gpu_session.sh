@@ -6,14 +6,15 @@
 # Checks, in the default order: the ones not yet run first (each capped; one that its cap no longer
 # fits in GPU_SESSION_SECONDS, default 540, is skipped and named in checks.jsonl, so a second call can
 # run the rest). docs/benchmarks.md records what each settled and when.
-#   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
-#                  overlapped with Policy's training steps: step time against max(generation, training)
-#   fit_stream     grpokit fit with data.streaming on (in-flight weight updates on the fast path)
-#   fit_sync       grpokit fit at max_async_level 0: every step's token_mult_prob_error is engine vs
-#                  trainer on the same weights, the adapter's push to the engine included
 #   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
 #   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
 #                  LM head on the trained tokens only (logits_to_keep) saves
+#   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
+#                  overlapped with Policy's training steps: step time against max(generation, training)
+#                  (ran on an H200 at 64 slots; now at the 128 rows it asks for)
+#   fit_stream     grpokit fit with data.streaming on (passed on an H200; its timeline.jsonl comes back)
+#   fit_sync       grpokit fit at max_async_level 0: every step's token_mult_prob_error is engine vs
+#                  trainer on the same weights, the adapter's push included (passed on an H200)
 #   fit            grpokit fit end to end on the GPU (bench/gpu_check_fit.py; passed on an H200)
 #   step           bench step (whole-batch, max_async_level 1 overlap) through Policy (ran on an H200)
 #   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
@@ -90,7 +91,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(stream fit_stream fit_sync train grpo fit step engine_stream)
+[ ${#checks[@]} -gt 0 ] || checks=(train grpo stream fit_stream fit_sync fit step engine_stream)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys

@@ -14,11 +14,12 @@ decode work per group:
   (grpokit.orchestrator.streaming).
 
 On CUDA the fast path streams (grpokit.inference.fast.stream, CUDA graphs, no torch.compile), and
-`--model` may be a shape (random weights, e.g. qwen3-0.6b). Reported per variant: seconds per step
-(median and total), decode steps, occupancy (rows decoding per decode step / row capacity: the
-engine's busy fraction as an accelerator sees it, where a decode step costs about the same at any batch
-size up to capacity; on a CPU a step with fewer rows is cheaper, so wall-clock gains are smaller than
-occupancy gains), and generated tokens per second of finished groups.
+`--model` may be a shape (random weights, e.g. qwen3-0.6b). The engine's max_batch_size (the fast
+path's slots) is the larger variant's rows, so neither queues rows behind its slots. Reported per
+variant: seconds per step (median and total), decode steps, rows, occupancy (rows decoding per decode
+step / rows: the engine's busy fraction as an accelerator sees it, where a decode step costs about the
+same at any batch size up to capacity; on a CPU a step with fewer rows is cheaper, so wall-clock gains
+are smaller than occupancy gains), and generated tokens per second of finished groups.
 Streaming ends with groups still in flight (their tokens not counted), as a run's last step does.
 `repeats` runs the pair again (order alternating) and reports the median.
 
@@ -71,7 +72,7 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     max_inflight = max_inflight or groups
-    engine = _engine(model_name, dtype, device)
+    engine = _engine(model_name, dtype, device, max(groups, max_inflight) * group_size)
     count = steps * groups + max_inflight  # streaming submits up to max_inflight beyond the last step's groups
     prompts, lengths = _workload(engine.vocab_size, count, prompt_len, min_tokens, max_tokens, alpha, seed)
     sampling = SamplingSettings(temperature=1.0, max_tokens=max_tokens, min_tokens=max_tokens, seed=seed)
@@ -131,10 +132,12 @@ def _measure(variants: dict, repeats: int, trainer: dict | None, steps: int, dev
     return summary
 
 
-def _engine(model_name: str, dtype: str, device: str) -> BuiltinEngine:
+def _engine(model_name: str, dtype: str, device: str, rows: int) -> BuiltinEngine:
     """The builtin engine on its default path for `device` (the fast one on CUDA: CUDA graphs, no
-    minute-long compiles; the plain one elsewhere), around a shape's random weights or a real model."""
-    options = dict(fast="on" if device.startswith("cuda") else "off", prefix_cache_tokens=0, compile=False)
+    minute-long compiles; the plain one elsewhere), around a shape's random weights or a real model,
+    decoding `rows` rows at once (its max_batch_size: the fast path's slots)."""
+    fast = "on" if device.startswith("cuda") else "off"
+    options = dict(fast=fast, prefix_cache_tokens=0, compile=False, max_batch_size=rows)
     if model_name in SHAPES:  # random weights of a published shape (no tokenizer)
         return shape_engine(model_name, getattr(torch, dtype), device, **options)
     engine = BuiltinEngine(dtype=dtype, device=device, **options)
@@ -165,7 +168,7 @@ def whole_batch(engine, sampling, steps, groups, group_size, prompts, lengths, m
             tokens += sum(len(c.token_ids) for f in stream.advance() for c in f.completions)
         seconds.append(time.perf_counter() - start)
         bound.batch_done()
-    report = _report(stream, seconds, tokens, groups * group_size)
+    report = _report(stream, seconds, tokens)
     stream.close()  # its KV cache and graphs go now, not at the next collection
     return report
 
@@ -193,17 +196,20 @@ def streaming(
                 seconds.append(now - start)
                 start, finished = now, 0
                 bound.batch_done()
-    report = _report(stream, seconds, tokens, max_inflight * group_size)
+    report = _report(stream, seconds, tokens)
     stream.close()
     return report
 
 
-def _report(stream, seconds: list[float], tokens: int, capacity: int) -> dict:
+def _report(stream, seconds: list[float], tokens: int) -> dict:
+    """Occupancy counts against the rows the stream decodes at once (its max_rows, at most the engine's
+    max_batch_size), not the rows asked for."""
     return {
         "seconds_per_step": statistics.median(seconds),
         "total_seconds": sum(seconds),
         "decode_steps": stream.decode_steps,
-        "occupancy": stream.decoded_rows / max(stream.decode_steps * capacity, 1),
+        "rows": stream.max_rows,
+        "occupancy": stream.decoded_rows / max(stream.decode_steps * stream.max_rows, 1),
         "tokens_per_second": tokens / sum(seconds),
     }
 

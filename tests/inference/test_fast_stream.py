@@ -107,3 +107,23 @@ def test_the_streams_batch_is_built_at_the_first_advance_and_rebuilt_when_an_ada
     for i in range(len(PROMPTS)):
         assert [c.token_ids for c in got[i]] == [c.token_ids for c in expected[i]]
         assert all(c.policy_step == 1 and c.token_steps is None for c in got[i])
+
+
+def test_a_stream_asking_for_more_rows_than_the_engines_slots_says_so_and_counts_its_real_rows(tiny_model, caplog):
+    """The fast path decodes at most max_batch_size rows at once (its KV-cache slots). A stream opened
+    for more (data.streaming.max_inflight x group size) used to queue the rest without a word, and the
+    stream bench reported occupancy against the rows asked for: 0.5 on an H200 where every slot was
+    busy. Now it warns, naming the key, and its max_rows is the slots it has."""
+    engine = BuiltinEngine(device="cpu", fast="on", cuda_graphs=False, compile=False, max_batch_size=4)
+    engine.setup(tiny_model)
+    engine.weight_step = 0
+    sampling = SamplingSettings(temperature=1.0, max_tokens=6, seed=0)  # no stop: every row runs 6 tokens
+    with caplog.at_level("WARNING", logger="grpokit.inference.fast.stream"):
+        stream = engine.open_stream(sampling, max_rows=8, max_len=16)
+    assert "8 rows in flight" in caplog.text and "inference.init_args.max_batch_size" in caplog.text
+    assert stream.max_rows == 4
+    for i, p in enumerate(PROMPTS):
+        stream.submit(GroupRequest(i, p, 2))
+    got = drain(stream)
+    assert all(len(c.token_ids) == 6 for cs in got.values() for c in cs)
+    assert stream.decoded_rows == stream.decode_steps * stream.max_rows  # every slot busy at every step

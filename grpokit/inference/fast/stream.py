@@ -20,6 +20,7 @@ stream builds a new runner and the unfinished requests start over from their pro
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,8 @@ from grpokit.inference import Completion, SamplingSettings
 from grpokit.inference.fast.continuous import ContinuousBatch
 from grpokit.inference.fast.runner import LENGTH_BUCKET, ModelRunner
 from grpokit.inference.streams import FinishedGroup, GenerationStream, GroupRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,7 +45,15 @@ class FastStream(GenerationStream):
     def __init__(
         self, engine, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
     ) -> None:
-        super().__init__(engine, sampling, max_rows)
+        if max_rows > engine.max_batch_size:  # the engine's slots are the rows it decodes at once
+            log.warning(
+                "the stream asks for %d rows in flight, the engine decodes %d at once "
+                "(inference.init_args.max_batch_size); the rest wait in its queue: raise max_batch_size "
+                "or lower data.streaming.max_inflight",
+                max_rows,
+                engine.max_batch_size,
+            )
+        super().__init__(engine, sampling, min(max_rows, engine.max_batch_size))
         self.max_len = min(engine.max_model_len, max_len or engine.max_model_len)
         if on_update not in ("continue", "regenerate"):
             raise ValueError(f"on_update must be 'continue' or 'regenerate', got {on_update!r}")
