@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -113,7 +114,8 @@ def main() -> int:
         ]
         start = time.perf_counter()
         with open(args.out / "fit.log", "w") as log:
-            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+            env = {**os.environ, "GRPOKIT_LOG_LEVEL": "DEBUG"}  # each decode graph's capture and its seconds
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env).returncode
         wall = time.perf_counter() - start
         run = Path(tmp) / "gpu"
         for name in ("timeline.jsonl", "metrics.csv"):  # per-group spans and weight loads: why a step waited

@@ -79,11 +79,34 @@ def quiet_library_notices() -> None:
         logging.getLogger(logger).addFilter(drop)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def show_grpokit_logs() -> None:
+    """grpokit's log lines on stderr from INFO up, as Lightning shows its own: a server's address, a
+    GGUF converted, the weights a server loaded, base weights shared. Python drops INFO records when
+    nothing is configured, so `grpokit infer` used to serve without saying where. GRPOKIT_LOG_LEVEL
+    sets the level (WARNING for warnings only); a program that configured logging itself (a handler on
+    the root logger: pytest, a notebook's basicConfig) keeps its own setup."""
+    level = os.environ.get("GRPOKIT_LOG_LEVEL", "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"GRPOKIT_LOG_LEVEL={level!r}: set it to one of {', '.join(LOG_LEVELS)}, or unset it (INFO)")
+    logger = logging.getLogger("grpokit")
+    if logging.getLogger().handlers or any(getattr(h, "grpokit_cli", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.grpokit_cli = True  # type: ignore[attr-defined]  # added once however often main runs
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     """Run one `grpokit` command; `startup` records how far a recipe command got (entry reads it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     startup = startup or Startup()
     quiet_library_notices()
+    show_grpokit_logs()
     if argv[:1] == ["bench"]:
         return bench_main(argv[1:])
     discover()

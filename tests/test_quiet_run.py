@@ -5,6 +5,8 @@ inside Lightning and peft, Lightning's advert for its cloud logger)."""
 import subprocess
 import sys
 
+import pytest
+
 from grpokit.testing import tiny_fit_argv
 
 NOTICES = ("past_key_values", "weights_only", "dataloader_iter", "LeafSpec", "is_gradient_checkpointing", "litlogger")
@@ -17,3 +19,33 @@ def test_a_fit_with_checkpoints_prints_no_library_notices(tmp_path, tiny_model):
     printed = done.stdout + done.stderr
     assert list((tmp_path / "r" / "checkpoints").glob("step_*.ckpt")), "the run saved checkpoints (Lightning's notice)"
     assert [n for n in NOTICES if n in printed] == [], printed[-3000:]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("level", [None, "debug", "WARNING", "loud"])
+def test_grpokit_log_lines_reach_stderr_once_at_the_level_set(level, monkeypatch, capsys):
+    """Python drops INFO records when nothing is configured, so `grpokit infer` served without saying
+    where; `grpokit` now shows its own log lines from INFO up (GRPOKIT_LOG_LEVEL changes the level), once
+    however often main runs, and leaves a program that configured logging itself alone."""
+    import logging
+
+    from grpokit.main import show_grpokit_logs
+
+    ours = logging.getLogger("grpokit")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a plain `grpokit` process (pytest adds some)
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    monkeypatch.delenv("GRPOKIT_LOG_LEVEL", raising=False)
+    if level:
+        monkeypatch.setenv("GRPOKIT_LOG_LEVEL", level)
+    if level == "loud":
+        with pytest.raises(ValueError, match="GRPOKIT_LOG_LEVEL='LOUD': set it to one of DEBUG, INFO, WARNING, ERROR"):
+            show_grpokit_logs()
+        return
+    show_grpokit_logs()
+    show_grpokit_logs()
+    logging.getLogger("grpokit.cli.roles").info("serving on 127.0.0.1:8000")
+    logging.getLogger("grpokit.x").debug("a capture")
+    printed = capsys.readouterr().err
+    assert printed.count("serving on 127.0.0.1:8000") == (0 if level == "WARNING" else 1), printed
+    assert ("DEBUG grpokit.x: a capture" in printed) == (level == "debug")

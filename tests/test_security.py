@@ -34,6 +34,7 @@ ENV_VARS = {
     "PL_GLOBAL_SEED": "the recipe's seed, set by LightningCLI",
     "GRPOKIT_CACHE": "where converted models are cached",
     "GRPOKIT_TRACEBACK": "show the traceback of a start-up error (grpokit.main.entry)",
+    "GRPOKIT_LOG_LEVEL": "the level of grpokit's own log lines on stderr (grpokit.main.show_grpokit_logs)",
     "JSONARGPARSE_DEBUG": "jsonargparse's debug mode: its own parse errors, not grpokit.cli.errors' short ones",
     "RANK": "torchrun's global rank",
     "LOCAL_RANK": "the launcher's local rank",

@@ -21,7 +21,9 @@ Llama, Mistral (no sliding window), Qwen2, Qwen3, SmolLM2. Others fail at start 
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ from grpokit.common.graph_capture import capture_lock
 from grpokit.common.models import unwrap_peft
 from grpokit.inference.fast.kernels import Kernels, qk_norm_rope
 
+log = logging.getLogger(__name__)
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LENGTH_BUCKET = 128  # decode attention reads the cache up to a multiple of this
 # decoder layers of these transformers model types are Llama-shaped with Llama's RMSNorm (weight * x_hat)
@@ -265,8 +268,11 @@ class ModelRunner:
             self._decode_step(b, s)
         else:
             graph = self.graphs.get((b, s))
-            if graph is None:
+            if graph is None:  # a bucket first used: captured now (GRPOKIT_LOG_LEVEL=DEBUG shows what it cost)
+                start = time.perf_counter()
                 graph = self._capture(b, s)
+                seconds = time.perf_counter() - start
+                log.debug("decode graph %d slots x %d positions: captured in %.2fs", b, s, seconds)
             graph.replay()
         return self.logits_BV[:b]
 

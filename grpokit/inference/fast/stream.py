@@ -147,5 +147,8 @@ class FastStream(GenerationStream):
         """A new runner for the re-wrapped model (built at the next advance, at the engine's step); the
         unfinished groups' rows start over (regenerate)."""
         unfinished = [g.request for g in self.groups]
+        log.info(
+            "peft wrapped the engine's model: the stream's runner is rebuilt, %d groups start over", len(unfinished)
+        )
         self.groups, self.batch = [], None
         self.queue.extendleft(reversed(unfinished))
