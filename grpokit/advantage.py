@@ -41,8 +41,22 @@ class Advantage(ABC):
             return []
         rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
         lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64)
-        advantages = self(rewards_PG, lengths_PG).flatten().tolist()
+        advantages = self.checked(self(rewards_PG, lengths_PG), rewards_PG).flatten().tolist()
         return [[a] * len(r.completion_ids) for a, r in zip(advantages, (r for g in groups for r in g))]
+
+    def checked(self, advantages_PG: torch.Tensor, rewards_PG: torch.Tensor) -> torch.Tensor:
+        """`advantages_PG`, refused (named) unless it has the rewards' shape and is finite where they are:
+        a P-shaped or NaN output used to be paired short or blamed on the loss steps later."""
+        name, tensor = type(self).__name__, isinstance(advantages_PG, torch.Tensor)
+        if not tensor or advantages_PG.shape != rewards_PG.shape:
+            got = tuple(advantages_PG.shape) if tensor else type(advantages_PG).__name__
+            raise ValueError(
+                f"data.advantage: {name} returned {got} for rewards of shape {tuple(rewards_PG.shape)}; an "
+                "Advantage returns one value per rollout, P x G (grpokit.testing.check_component checks it)"
+            )
+        if not torch.isfinite(advantages_PG).all():  # the rewards are finite (RunDataError otherwise)
+            raise ValueError(f"data.advantage: {name} returned non-finite advantages for finite rewards")
+        return advantages_PG
 
 
 def zero_flat_groups(advantages_PG: torch.Tensor, rewards_PG: torch.Tensor) -> torch.Tensor:

@@ -113,3 +113,24 @@ def check_experts(loss: Loss, batch: TrainingBatch) -> None:
             f"model.loss {name} trains on expert completions, and the "
             "batch has none: set data.expert (e.g. {field: answer})"
         )
+
+
+def checked_output(loss: Loss, out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`out` of `loss(inputs)`, refused (naming the loss and the contract) unless it is a 0-dim tensor and
+    a dict of 0-dim tensors: a per-token loss used to fail in backward ("grad can be implicitly created
+    only for scalar outputs") and a missing metrics dict in the trainer's averaging, naming neither."""
+    name = type(loss).__name__
+    contract = "a Loss returns (loss, metrics): a 0-dim tensor and a dict of 0-dim tensors"
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(f"model.loss {name} returned {type(out).__name__}; {contract}")
+    value, metrics = out
+    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise TypeError(f"model.loss {name} returned {got} as its loss; {contract}")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"model.loss {name} returned {type(metrics).__name__} as its metrics; {contract}")
+    for key, v in metrics.items():
+        if not isinstance(v, torch.Tensor) or v.dim() != 0:
+            got = f"shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise TypeError(f"model.loss {name}: metric {key!r} is {got}; {contract}")
+    return value, metrics

@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
 def entry(argv: list[str] | None = None) -> int:
     """The `grpokit` command: `main`, with two kinds of error printed as one line instead of a traceback
     (GRPOKIT_TRACEBACK=1 shows the traceback):
-    - a ValueError or FileNotFoundError raised before training starts (a bad value, a missing file or
-      checkpoint: the message names the key and the fix): exit code 2;
+    - a ValueError, FileNotFoundError or ImportError raised before training starts (a bad value, a missing
+      file or checkpoint, a plugin or optional package that does not import: the message names the key
+      or package and the fix): exit code 2;
     - an I/O error during training (a full disk, a file that cannot be written, in the trainer or the
       rollout thread): the message names the file; exit code 1. The writes are atomic, so the files
       already written are whole and the run continues from its newest checkpoint once it is fixed;
@@ -156,7 +157,7 @@ def entry(argv: list[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("GRPOKIT_TRACEBACK"):
             raise
-        if not startup.started and isinstance(e, (ValueError, FileNotFoundError)):
+        if not startup.started and isinstance(e, (ValueError, FileNotFoundError, ImportError)):
             print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
             remove_if_no_files(startup.created_run_dir)
             return 2

@@ -36,6 +36,7 @@ UNIT_PATHS = (
     "test_kl.py",
     "test_normalization.py",
     "test_contracts.py",
+    "test_component_checks.py",
     "test_prefix_tree.py",
     "test_metrics.py",
     "test_io.py",

@@ -95,6 +95,34 @@ def test_a_misspelt_component_name_names_the_key_and_the_known_names(argv, messa
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        (
+            "no_such_pkg.losses.Reinforce",
+            "model.loss: no_such_pkg.losses.Reinforce (--model.loss): cannot import no_such_pkg.losses "
+            "(No module named 'no_such_pkg'); is its package installed or on PYTHONPATH?",
+        ),
+        (
+            "grpokit.registry.losses.gspo.GSPOO",
+            "model.loss: grpokit.registry.losses.gspo.GSPOO (--model.loss): module grpokit.registry.losses.gspo "
+            "has no 'GSPOO'; did you mean GSPO?",
+        ),
+        (
+            "grpokit.registry.advantages.group_norm.GroupNorm",
+            "GroupNorm is not a Loss subclass; model.loss takes a loss (`grpokit registry list loss`",
+        ),
+    ],
+    ids=["no module", "no class", "other kind"],
+)
+def test_a_class_path_that_does_not_resolve_names_the_key_and_the_cause(path, message):
+    """jsonargparse's own message for these is a dozen lines of union alternatives ("Expected a path but
+    ... either not accessible or invalid", "Expected a <class 'NoneType'>"); this is one line."""
+    with pytest.raises(ValueError) as e:
+        check_component_names(["fit", "--config", RECIPE, "--model.loss", path])
+    assert message in str(e.value)
+
+
 def test_names_in_recipe_files_are_checked_and_good_ones_pass(tmp_path):
     check_component_names(
         [

@@ -121,3 +121,25 @@ def test_only_grpokit_infer_imports_the_http_server_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "True"]
+
+
+def test_a_plugin_that_does_not_import_stops_the_command_with_one_line(tmp_path, monkeypatch, capsys):
+    """Every command loads the installed plugins; one whose module fails to import used to end every
+    command (`grpokit registry list` too) with a traceback, as only ValueError and FileNotFoundError were
+    printed as one line."""
+    from grpokit.main import entry
+
+    site = tmp_path / "site"
+    make_package(site, "broken_lab", "import not_a_real_pkg\n")
+    dist = site / "broken_lab-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-lab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[grpokit.registry]\nbroken = broken_lab\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    monkeypatch.delenv("GRPOKIT_TRACEBACK", raising=False)
+    assert entry(["registry", "list", "loss"]) == 2
+    err = capsys.readouterr().err
+    assert "grpokit: error: grpokit plugin entry point 'broken' = 'broken_lab' failed to import" in err
+    assert "No module named 'not_a_real_pkg'" in err and "uninstall the package that declares it (broken-lab)" in err
+    assert "Traceback" not in err

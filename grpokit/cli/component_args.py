@@ -277,12 +277,17 @@ def _component_names(argv: list[str]):
 
 def check_component_names(argv: list[str]) -> None:
     """Raise ValueError for a short component name (no dots) that no registered class of the key's kind
-    has, naming the key, the closest names and where to list them. Class paths are left to jsonargparse."""
+    has, naming the key, the closest names and where to list them; and for a class path whose module
+    does not import, that lacks the class, or whose class is of another kind (jsonargparse's own message
+    for these is a dozen lines of union alternatives, "Expected a <class 'NoneType'>" among them)."""
 
     for source, key, name in _component_names(argv):
         kind = COMPONENT_KEYS[key]
+        if "." in name:
+            _check_class_path(source, key, kind, name)
+            continue
         known = [c.name for c in components(kind)]
-        if "." in name or name in known:
+        if name in known:
             continue
         elsewhere = sorted({c.kind for c in components() if c.name == name})
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
@@ -292,4 +297,34 @@ def check_component_names(argv: list[str]) -> None:
             + (f"; did you mean {' or '.join(close)}?" if close else "")
             + f" Known {kind} names: {', '.join(known)} (`grpokit registry list {kind}`), or give "
             f"your class's import path ({EXAMPLE_PATHS.get(kind, 'my_lab.module.MyClass')})"
+        )
+
+
+def _check_class_path(source: str, key: str, kind: str, path: str) -> None:
+    """Import `path` (module.Class) as jsonargparse will; raise ValueError naming the key and the fix when
+    the module does not import, has no such class (the closest names offered) or the class is not of
+    `kind`."""
+    from grpokit.cli.discovery import KINDS
+
+    module_name, _, class_name = path.rpartition(".")
+    where = f"{key}: {path} ({source})"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"{where}: cannot import {module_name} ({e}); is its package installed or on PYTHONPATH?"
+        ) from e
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        classes = [n for n, v in vars(module).items() if inspect.isclass(v) and not n.startswith("_")]
+        close = difflib.get_close_matches(class_name, classes, n=3, cutoff=0.6)
+        raise ValueError(
+            f"{where}: module {module_name} has no {class_name!r}"
+            + (f"; did you mean {' or '.join(close)}?" if close else "")
+        )
+    base = KINDS[kind]
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise ValueError(
+            f"{where}: {class_name} is not a {base.__name__} subclass; {key} takes a {kind} "
+            f"(`grpokit registry list {kind}`, docs/custom-components.md)"
         )

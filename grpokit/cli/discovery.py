@@ -58,7 +58,12 @@ def discover() -> None:
         try:
             ep.load()
         except Exception as e:
-            raise ImportError(f"grpokit plugin entry point {ep.name!r} = {ep.value!r} failed to import: {e}") from e
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            raise ImportError(
+                f"grpokit plugin entry point {ep.name!r} = {ep.value!r} failed to import: {e}; fix that module, "
+                f"or uninstall the package that declares it ({dist or 'its distribution'}): every grpokit "
+                "command loads the installed plugins"
+            ) from e
 
 
 def components(kind: str | None = None) -> list[Component]:

@@ -19,6 +19,7 @@ import lightning as L
 
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.errors import RunDataError
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
@@ -251,7 +252,8 @@ class Orchestrator(L.LightningDataModule):
             if self.loop.stopping.is_set():  # the trainer ended (done, Ctrl-C, its own error) and stopped it
                 log.info("rollout thread stopped: %s", e)
                 return
-            log.exception("orchestrator failed")
+            if not isinstance(e, (RunDataError, OSError)):  # those `grpokit` prints as one line (main.entry)
+                log.exception("orchestrator failed")
             self._error = e
 
     def stop(self) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.timeline import record_timeline
+from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
 from grpokit.orchestrator.environment import UnscoredEnvironment
 from grpokit.orchestrator.evaluation import Evaluator
@@ -158,7 +159,7 @@ class RolloutLoop:
         all_rollouts = [r for g in generated for r in g] or rollouts
         check_not_from_the_future(step, all_rollouts)
         fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
-        flags = {f.name: f.flag(rollouts) for f in self.config.filters}
+        flags = flag_all(self.config.filters, rollouts)
         metrics = batch_metrics(step, all_rollouts, rewards_of(generated), flags)
         metrics.update(self.pools.sizes() if self.pools is not None else {})
         metrics.update(
@@ -204,7 +205,7 @@ class RolloutLoop:
             shaped, kl_metrics = self.kl_reward.shape(groups, temperature)
             metrics.update(kl_metrics)
         advantages = config.advantage.token_advantages(shaped)
-        enforced = [f.name for f in config.filters if f.enforce]
+        enforced = [name for name, f in zip(flags, config.filters) if f.enforce]  # flags: in filter order
         trainable = [not any(flags[name][i] for name in enforced) for i in range(len(rollouts))]
         experts = expert_rollouts(groups, self.envs, self.tokenizer, config.expert) if config.expert else []
         metrics["expert_seqs"] = float(len(experts))

@@ -22,7 +22,7 @@ from grpokit.common.graph_capture import capture_lock
 from grpokit.common.models import load_causal_lm, parse_dtype
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
-from grpokit.loss import Loss, LossInputs, check_experts
+from grpokit.loss import Loss, LossInputs, check_experts, checked_output
 from grpokit.noise import NoiseScheduler
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.trainer.distributed import gather_step, rank_and_world, rank_share
@@ -258,7 +258,7 @@ class Policy(L.LightningModule):
         share = rank_share(batch.micro_batches, rank, world, equal=self.sharded)  # FSDP2: every forward is a collective
         for i, (mb, counts) in enumerate(share):
             inputs = self.loss_inputs(mb, batch)
-            loss, metrics = self.loss(inputs)
+            loss, metrics = checked_output(self.loss, self.loss(inputs))
             with self._gradient_sync(i == len(share) - 1):
                 self._backward(loss * world)  # DDP averages over ranks: the sum over micro-batches stays
             if not counts:

@@ -149,8 +149,9 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
     ],
     ids=["1e308", "str", "bool"],
 )
-def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad_env, capsys, reward, message):
-    """Through the `grpokit` command: one line naming the environment and example (exit 1), no traceback."""
+def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad_env, capsys, caplog, reward, message):
+    """Through the `grpokit` command: one line naming the environment and example (exit 1), no traceback
+    (the rollout thread used to log its own, 80 lines, before that line)."""
     # 1e308 used to give NaN advantages (the group std overflows), skipped steps and an error blaming model.lr.
     import bad_reward_env
 
@@ -172,6 +173,7 @@ def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad
     err = capsys.readouterr().err
     assert re.search(r"grpokit: error: environment 'bad-reward-env' example \d+: " + message, err), err[-3000:]
     assert "Traceback" not in err
+    assert "orchestrator failed" not in caplog.text and "Traceback" not in caplog.text
     metrics = tmp_path / "bad" / "metrics.csv"  # no step trained
     assert not metrics.exists() or not [r for r in csv.DictReader(open(metrics)) if r.get("loss")]
 
