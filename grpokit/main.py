@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    startup.role = argv[0]
     check_recipe_files(argv)
     check_component_names(argv)
     if argv[:1] in (["infer"], ["orchestrate"]):
@@ -161,16 +162,20 @@ def entry(argv: list[str] | None = None) -> int:
             print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
             remove_if_no_files(startup.created_run_dir)
             return 2
+        stopped = "training stopped" if startup.role in ("fit", "train") else f"grpokit {startup.role} stopped"
         if startup.started and (data_error := cause_of_type(e, RunDataError)) is not None:
-            print(
-                f"grpokit: error: {data_error}\n(training stopped; set GRPOKIT_TRACEBACK=1 for the traceback)",
-                file=sys.stderr,
-            )
+            hint = f"({stopped}; set GRPOKIT_TRACEBACK=1 for the traceback)"
+            print(f"grpokit: error: {data_error}\n{hint}", file=sys.stderr)
             return 1
         if startup.started and (io_error := cause_of_type(e, OSError)) is not None:
+            again = (
+                "continue from the newest checkpoint with --ckpt.resume_step -1"
+                if startup.role in ("fit", "train")
+                else "run the same command again: it continues where the run is"
+            )
             print(
-                f"grpokit: error: {io_error}\n(training stopped; once that is fixed, continue from the newest "
-                "checkpoint with --ckpt.resume_step -1; set GRPOKIT_TRACEBACK=1 for the traceback)",
+                f"grpokit: error: {io_error}\n({stopped}; once that is fixed, {again}; "
+                "set GRPOKIT_TRACEBACK=1 for the traceback)",
                 file=sys.stderr,
             )
             return 1

@@ -34,6 +34,7 @@ class Startup:
     an error (one line before training starts, its traceback after)."""
 
     started: bool = False
+    role: str = "fit"  # the command: infer and orchestrate are restarted as they were, not resumed
     created_run_dir: Path | None = None
     interrupted: bool = False  # Ctrl-C ended training before max_steps (StopOnInterrupt): exit code 130
 

@@ -49,3 +49,41 @@ def test_grpokit_log_lines_reach_stderr_once_at_the_level_set(level, monkeypatch
     printed = capsys.readouterr().err
     assert printed.count("serving on 127.0.0.1:8000") == (0 if level == "WARNING" else 1), printed
     assert ("DEBUG grpokit.x: a capture" in printed) == (level == "debug")
+
+
+@pytest.mark.unit
+def test_a_long_wait_says_so_once_then_every_interval(caplog):
+    from grpokit.common.waits import WaitNotice
+
+    notice = WaitNotice("waiting for the trainer's weights of step >= 3", after=0.0, every=3600.0)
+    with caplog.at_level("INFO", logger="grpokit.waits"):
+        for _ in range(3):
+            notice.tick()
+    assert [r.getMessage().split(" (waiting")[0] for r in caplog.records] == [
+        "waiting for the trainer's weights of step >= 3"
+    ]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("role", "advice"),
+    [
+        ("train", "(training stopped; once that is fixed, continue from the newest checkpoint with --ckpt"),
+        ("orchestrate", "(grpokit orchestrate stopped; once that is fixed, run the same command again"),
+        ("infer", "(grpokit infer stopped; once that is fixed, run the same command again"),
+    ],
+)
+def test_an_io_error_after_start_gives_the_roles_own_advice(role, advice, monkeypatch, capsys):
+    """`grpokit infer` on a busy port and `grpokit orchestrate` with its server down were told to resume
+    from a checkpoint, which only the trainer has; they are restarted with the same command."""
+    import grpokit.main as entry_point
+
+    def fails(argv, startup):
+        startup.role, startup.started = role, True
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(entry_point, "main", fails)
+    monkeypatch.delenv("GRPOKIT_TRACEBACK", raising=False)
+    assert entry_point.entry([role]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grpokit: error: [Errno 111] Connection refused\n") and advice in err, err

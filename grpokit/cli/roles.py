@@ -61,11 +61,11 @@ def infer(cli) -> int:
     engine = settings.engine or BuiltinEngine()
     broadcast = config["broadcast"]
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
-    log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
     signal.signal(signal.SIGTERM, _interrupt)  # until serving: then uvicorn stops gracefully and re-raises it
     app = make_app(engine, tokenizer, settings.model_name, broadcast, limits=settings.limits)
     try:
         server = make_server(app, settings.host, settings.port)
+        log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
         try:
             server.serve_forever()
         finally:
@@ -139,9 +139,20 @@ def orchestrate(cli) -> int:
         reference_model=cli.model.model_name,  # data.kl_in_reward's reference: the initial policy
     )
     warn_if_loss_has_kl(data.kl_in_reward, cli.model.loss)
-    loop.run(first_unsent_step(data, start))
-    data.transport.close()
-    return 0
+    loop.announce = True  # each batch sent, and a long wait for the trainer's weights, on stderr
+    first = first_unsent_step(data, start)
+    log.info("orchestrating run %s from step %d to %d", cli.run.run_dir, first, cli.trainer.max_steps)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it like Ctrl-C: batch files are written whole
+    try:
+        loop.run(first)
+        log.info("every batch up to step %d sent", cli.trainer.max_steps - 1)
+        return 0
+    except KeyboardInterrupt:
+        log.info("orchestrator stopped; the same command continues from the first batch not yet sent")
+        return 130
+    finally:
+        data.transport.close()
+        broadcast.close()  # withdraws its filesystem-broadcast ack, which would keep old weight steps on disk
 
 
 def first_unsent_step(data, start_step: int) -> int:

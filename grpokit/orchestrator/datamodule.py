@@ -20,6 +20,7 @@ import lightning as L
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.errors import RunDataError
+from grpokit.common.waits import WaitNotice
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
@@ -277,12 +278,16 @@ class Orchestrator(L.LightningDataModule):
     def receive(self, step: int) -> TrainingBatch:
         """The batch for `step`, failing fast if the rollout thread died."""
         deadline = time.monotonic() + self.timeout
+        source = type(self.transport).__name__
+        notice = WaitNotice(f"waiting for the batch of step {step} from `grpokit orchestrate` ({source})")
         while True:
             if self._error is not None:
                 raise RuntimeError(f"the orchestrator failed: {self._error!r}") from self._error
             try:
                 return checked_step(self.transport.receive(step, timeout=1.0), step, self.transport)
             except TimeoutError as e:
+                if self._thread is None:  # `grpokit train`: the orchestrator is another process
+                    notice.tick()
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"no batch for step {step} after {self.timeout:.0f}s (data.timeout): "

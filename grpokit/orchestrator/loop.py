@@ -22,6 +22,7 @@ import torch
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.timeline import record_timeline
+from grpokit.common.waits import WaitNotice
 from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
 from grpokit.orchestrator.environment import UnscoredEnvironment
@@ -104,6 +105,7 @@ class RolloutLoop:
             scorer = ReferenceScorer(reference_model, row_tokens=config.seq_len)
             self.kl_reward = KLInReward(config.kl_in_reward, scorer)
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
+        self.announce = False  # `grpokit orchestrate`: log each batch sent and a long wait for weights
         self.generation: Generation | None = None  # the newest generation sampled
         self.streaming = StreamingRollouts(self, config.streaming) if config.streaming is not None else None
 
@@ -140,7 +142,17 @@ class RolloutLoop:
             for step in range(self.start_step if first_step is None else first_step, self.max_steps):
                 if self.stopping.is_set():
                     return
-                self.config.transport.send(self.make_batch(step))
+                batch = self.make_batch(step)
+                self.config.transport.send(batch)
+                if self.announce:
+                    m = batch.metrics
+                    log.info(
+                        "step %d: batch sent (reward %.3f, %d groups, generation %.1fs)",
+                        step,
+                        m["reward"],
+                        m["groups_trained"],
+                        m["gen_time"],
+                    )
         finally:
             if self.streaming is not None:
                 self.streaming.close()
@@ -279,6 +291,10 @@ class RolloutLoop:
         timeout = self.config.weights_timeout or self.config.timeout
         key = "data.weights_timeout" if self.config.weights_timeout else "data.timeout"
         deadline = time.monotonic() + timeout
+        notice = WaitNotice(
+            f"waiting for the trainer's weights of step >= {min_step} ({type(self.broadcast).__name__}); "
+            f"the engine holds step {self.engine.weight_step}"
+        )
         while True:
             update = self.weights.poll(self.engine.weight_step)
             if update is not None:
@@ -287,6 +303,8 @@ class RolloutLoop:
                 return
             if self.stopping.is_set():
                 raise RuntimeError("orchestrator stopped while waiting for weights")
+            if self.announce:
+                notice.tick()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"no weights of step >= {min_step} after {timeout:.0f}s ({key}): "

@@ -99,9 +99,16 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
     )
     with three_roles(tmp_path, tiny_model, http_port, STEPS, extra) as procs:
         wait_ok(procs, tmp_path)
+        orchestrator = procs["orchestrate"].pid
         stop(procs, tmp_path)
     run = tmp_path / "mp"
     check_run(run, STEPS, max_lag=1 if transport == "zmq" else 2)
+    # each process says what it does: where the server listens, each batch the orchestrator sent
+    assert f"serving {tiny_model} on 127.0.0.1:{http_port}" in (tmp_path / "infer.log").read_text()
+    said = (tmp_path / "orchestrate.log").read_text()
+    assert "step 0: batch sent (reward" in said and f"every batch up to step {STEPS - 1} sent" in said, said[-2000:]
+    # an orchestrator that ended withdrew its broadcast ack (one left behind kept old steps for an hour)
+    assert not [a.name for a in (run / "broadcasts" / "acks").glob(f"*-{orchestrator}-*.json")]
     if transport == "zmq":
         samples = [json.loads(line) for line in open(run / "samples.jsonl")]
         turns = [sum(m["role"] == "assistant" for m in s["messages"]) for s in samples]
