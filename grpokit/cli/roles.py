@@ -63,6 +63,7 @@ def infer(cli) -> int:
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
     signal.signal(signal.SIGTERM, _interrupt)  # until serving: then uvicorn stops gracefully and re-raises it
     app = make_app(engine, tokenizer, settings.model_name, broadcast, limits=settings.limits)
+    app.run_name = cli.run.run_dir.name  # an orchestrator of another run refuses this server (RemoteEngine)
     try:
         server = make_server(app, settings.host, settings.port)
         log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
@@ -125,6 +126,8 @@ def orchestrate(cli) -> int:
     engine: InferenceEngine = config["inference"]
     broadcast = config["broadcast"]
     data = cli.datamodule
+    if hasattr(engine, "run_name"):  # RemoteEngine: refuse a server that serves another run
+        engine.run_name = cli.run.run_dir.name
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir, data)
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.run.start_step, published.step if published else 0)

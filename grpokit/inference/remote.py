@@ -35,6 +35,7 @@ from typing import TypeVar
 
 from transformers import AutoTokenizer
 
+from grpokit.common.errors import RunDataError
 from grpokit.common.models import resolve_model
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.types import WeightUpdate
@@ -62,6 +63,7 @@ class RemoteEngine(InferenceEngine):
         True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
     )
     servers_load_weights = True
+    run_name: str | None = None  # set by `grpokit orchestrate`: a server whose /v1/weights names another run is refused
 
     def __init__(
         self,
@@ -106,6 +108,7 @@ class RemoteEngine(InferenceEngine):
         self._model: str | None = None  # the model name setup got, for the tokenizer's vocabulary
         self.weight_step = -1
         self.server_weight_step = -1
+        self._runs_checked: set[str] = set()  # servers whose run (GET /v1/weights) was checked against run_name
         self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
 
     def setup(self, model: str) -> None:
@@ -125,6 +128,16 @@ class RemoteEngine(InferenceEngine):
         samples with weights of at least this step."""
         return min(self._weight_step_of(url) for url in self.base_urls)
 
+    def _check_run(self, url: str) -> None:
+        """Before the first request to `url`: refuse a grpokit server of another run (_weight_step_of);
+        a server without /v1/weights (vLLM) names no run."""
+        try:
+            self._weight_step_of(url)
+        except RemoteError as e:
+            if e.code != 404:
+                raise
+        self._runs_checked.add(url)
+
     def _weight_step_of(self, url: str) -> int:
         try:
             raw = self._call(url, "weights")
@@ -138,12 +151,19 @@ class RemoteEngine(InferenceEngine):
                 404,
             ) from e
         try:
-            step = json.loads(raw).get("weight_step")
+            answer = json.loads(raw)
+            step, run = answer.get("weight_step"), answer.get("run")
         except (json.JSONDecodeError, AttributeError):
-            step = None
+            step = run = None
         if not isinstance(step, int) or isinstance(step, bool):
             raise ValueError(
                 f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step"
+            )
+        if self.run_name is not None and run is not None and run != self.run_name:
+            raise RunDataError(  # its weights are another run's: a step ahead or behind, trained on either way
+                f"inference server {url} serves run {run!r}, this orchestrator's run is {self.run_name!r}: start "
+                f"`grpokit infer` with --run_name {self.run_name} (and this recipe), or point "
+                "inference.init_args.base_url at that run's server"
             )
         return step
 
@@ -299,6 +319,8 @@ class RemoteEngine(InferenceEngine):
         exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart; longer where a Retry-After header
         asks, up to 60 s), then reported with an error naming it. Redirects are refused, never followed.
         """
+        if self.run_name is not None and endpoint != "weights" and url not in self._runs_checked:
+            self._check_run(url)
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
             request = urllib.request.Request(

@@ -208,3 +208,28 @@ def test_orchestrator_waits_for_the_servers_weights(tiny_model, tmp_path):
         data.loop.wait_for_weights(0)
         assert remote.weight_step == 0 == engine.weight_step
     trainer.close()
+
+
+def test_an_orchestrator_refuses_a_server_of_another_run(tiny_model):
+    """An orchestrator pointed at a server left running for another run used to sample with that run's
+    weights: trained on silently at a lower step, refused as "the trainer restarted" at a higher one.
+    `grpokit infer` names its run in GET /v1/weights; RemoteEngine checks it before its first request."""
+    from grpokit.common.errors import RunDataError
+    from grpokit.inference import SamplingSettings
+
+    with serving(tiny_model, None) as (_, server):
+        server.app.run_name = "mpt"
+        assert get(server.url + "/weights")[1]["run"] == "mpt"
+        for run_name in ("mpt", None):  # its own run, or a client that names none (a script, a test)
+            remote = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0)
+            remote.run_name = run_name
+            remote.setup(tiny_model)
+            assert len(remote.generate([[1, 2, 3]], 1, SamplingSettings(max_tokens=2))[0]) == 1
+        remote = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0)
+        remote.run_name = "mpx"
+        remote.setup(tiny_model)
+        with pytest.raises(
+            RunDataError,
+            match=r"serves run 'mpt', this orchestrator's run is 'mpx': start `grpokit infer` with --run_name mpx",
+        ):
+            remote.generate([[1, 2, 3]], 1, SamplingSettings(max_tokens=2))

@@ -17,8 +17,9 @@ Where it departs from the OpenAI API:
 - Every response carries a top-level `weight_step`: the trainer step of the weights that produced it.
 - `GET /v1/weights` answers `{"weight_step"}`, the step the engine holds once it has loaded the newest
   published one: the trainer's progress for an orchestrator whose broadcast only this process may poll
-  (NCCLBroadcast, IPCBroadcast). `?sha256=true` adds the engine's checksum of those weights
-  (InferenceEngine.weights_sha256), to compare with the trainer's.
+  (NCCLBroadcast, IPCBroadcast); `grpokit infer` adds `run`, its run name, which RemoteEngine checks.
+  `?sha256=true` adds the engine's checksum of those weights (InferenceEngine.weights_sha256), to compare
+  with the trainer's.
 - `GET /health` answers `{"queued", "running_s", "alive"}` (503 once the engine thread has stopped).
 - Logprobs are of the temperature-scaled distribution, and so are chat's `top_logprobs` k and
   completions' `logprobs` k (at most server.limits.max_top_logprobs; engines with
@@ -82,6 +83,8 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 class OpenAIApp:
     """The server's logic without the HTTP: `dispatch(method, path, query, body)` checks a request and
     returns its answer, or the OnEngine work that makes it."""
+
+    run_name: str | None = None  # `grpokit infer`'s run: GET /v1/weights names it
 
     def __init__(
         self,
@@ -166,6 +169,8 @@ class OpenAIApp:
         def work(_: EngineCall) -> dict:
             self.sampler.load_newer_weights(strict=True)
             answer = {"object": "weights", "weight_step": self.engine.weight_step}
+            if self.run_name is not None:
+                answer["run"] = self.run_name
             if checksum == "true":
                 try:
                     answer["sha256"] = self.engine.weights_sha256()
