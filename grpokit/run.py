@@ -109,12 +109,14 @@ def start_engine(engine, broadcast, policy, run_dir: Path, data=None):
     """The engine side of every role that samples (fit, infer, orchestrate), in one order: refuse QeRL
     norms the engine cannot take, load the tokenizer and with it the environments and filters of
     `data` (the Orchestrator, in the roles that sample prompts: a bad dataset stops the start before
-    the model loads), open the broadcast in the run folder, load the policy's model into the engine.
-    Returns the policy's tokenizer."""
+    the model loads), open the broadcast in the run folder, tell a remote engine the run's name, load
+    the policy's model into the engine. Returns the policy's tokenizer."""
     check_engine_accepts_norms(engine, policy.noise_scheduler, broadcast)
     tokenizer = load_tokenizer(policy.model_name)
     if data is not None:
         data.prepare(tokenizer)
     broadcast.setup(run_dir)
+    if hasattr(engine, "run_name"):  # RemoteEngine: a grpokit server that serves another run is refused
+        engine.run_name = Path(run_dir).name
     engine.setup(policy.model_name)
     return tokenizer

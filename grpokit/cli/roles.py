@@ -126,8 +126,6 @@ def orchestrate(cli) -> int:
     engine: InferenceEngine = config["inference"]
     broadcast = config["broadcast"]
     data = cli.datamodule
-    if hasattr(engine, "run_name"):  # RemoteEngine: refuse a server that serves another run
-        engine.run_name = cli.run.run_dir.name
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir, data)
     published = weight_source(engine, broadcast).poll(-1)  # the trainer's progress: the weights of its current step
     start = max(cli.run.start_step, published.step if published else 0)

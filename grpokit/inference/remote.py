@@ -63,7 +63,7 @@ class RemoteEngine(InferenceEngine):
         True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
     )
     servers_load_weights = True
-    run_name: str | None = None  # set by `grpokit orchestrate`: a server whose /v1/weights names another run is refused
+    run_name: str | None = None  # the run's (grpokit.run.start_engine): a server naming another run is refused
 
     def __init__(
         self,
