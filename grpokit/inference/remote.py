@@ -344,7 +344,9 @@ class RemoteEngine(InferenceEngine):
                 if (e.code < 500 and e.code != 429) or attempt == self.max_retries:
                     raise RemoteError(f"{url}/{endpoint} answered {e.code}: {e.read()[:500]!r}", e.code) from e
                 delay = max(delay, retry_after(e.headers.get("Retry-After")))
+                cause = f"answered {e.code}"
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+                cause = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
                 if attempt == self.max_retries:
                     raise ConnectionError(
                         f"inference server {url} failed {self.max_retries + 1} tries "
@@ -353,9 +355,10 @@ class RemoteEngine(InferenceEngine):
                         f"({self.max_retries}) and inference.init_args.timeout ({self.timeout:g}s)."
                     ) from e
             log.warning(
-                "request to %s/%s failed (try %d of %d), retrying in %.1fs",
+                "request to %s/%s failed (%s; try %d of %d), retrying in %.1fs",
                 url,
                 endpoint,
+                cause,
                 attempt + 1,
                 self.max_retries + 1,
                 delay,

@@ -33,7 +33,8 @@ def test_dropped_and_truncated_answers_are_retried_with_backoff(caplog):
     assert (completion.token_ids, completion.logprobs, completion.policy_step) == ([5, 6], [-0.25, -0.5], 3)
     t = server.request_times
     assert len(t) == 3 and t[1] - t[0] >= 0.5 and t[2] - t[1] >= 1.0  # backoff 0.5 s, then 1 s
-    assert "failed (try 1 of 4), retrying in 0.5s" in caplog.text and "(try 2 of 4), retrying in 1.0s" in caplog.text
+    assert "; try 1 of 4), retrying in 0.5s" in caplog.text and "; try 2 of 4), retrying in 1.0s" in caplog.text
+    assert "failed (RemoteDisconnected: " in caplog.text, caplog.text  # the cause of each retry
 
 
 def test_a_server_that_stays_away_is_reported_naming_it_and_the_settings():
