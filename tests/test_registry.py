@@ -43,6 +43,17 @@ def make_package(site, name, source):
     (site / name / "__init__.py").write_text(textwrap.dedent(source))
 
 
+def install_plugin(monkeypatch, site, module: str, dist_name: str, entry_name: str) -> None:
+    """Declare `module` (a package in `site`) as the grpokit.registry entry point `entry_name` of an
+    installed distribution `dist_name`, and put `site` on the path, as `pip install` would."""
+    dist = site / f"{module}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[grpokit.registry]\n{entry_name} = {module}\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+
+
 def test_ambiguous_short_name_names_both_class_paths(tmp_path):
     # In a subprocess: a second GroupNorm subclass must not leak into the other tests of this session.
     make_package(
@@ -91,12 +102,7 @@ def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
                 return rewards_PG - rewards_PG.mean(-1, keepdim=True)
     ''',
     )
-    dist = site / "lab_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[grpokit.registry]\nlab = lab_plugin\n")
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
+    install_plugin(monkeypatch, site, "lab_plugin", "lab-plugin", "lab")
     discover()
     assert "lab_plugin" in sys.modules
     assert any(c.class_path == "lab_plugin.CenteredOnly" for c in components("advantage"))
@@ -131,12 +137,7 @@ def test_a_plugin_that_does_not_import_stops_the_command_with_one_line(tmp_path,
 
     site = tmp_path / "site"
     make_package(site, "broken_lab", "import not_a_real_pkg\n")
-    dist = site / "broken_lab-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-lab\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[grpokit.registry]\nbroken = broken_lab\n")
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
+    install_plugin(monkeypatch, site, "broken_lab", "broken-lab", "broken")
     monkeypatch.delenv("GRPOKIT_TRACEBACK", raising=False)
     assert entry(["registry", "list", "loss"]) == 2
     err = capsys.readouterr().err
