@@ -129,14 +129,26 @@ class RemoteEngine(InferenceEngine):
         return min(self._weight_step_of(url) for url in self.base_urls)
 
     def _check_run(self, url: str) -> None:
-        """Before the first request to `url`: refuse a grpokit server of another run (_weight_step_of);
-        a server without /v1/weights (vLLM) names no run."""
+        """Before the first request to `url`: refuse a grpokit server of another run. A server whose
+        /v1/weights names no run (vLLM, another OpenAI-compatible server: 404 or another answer) passes."""
         try:
-            self._weight_step_of(url)
+            answer = json.loads(self._call(url, "weights"))
         except RemoteError as e:
             if e.code != 404:
                 raise
+            answer = None
+        except json.JSONDecodeError:
+            answer = None
+        self._refuse_other_run(url, answer.get("run") if isinstance(answer, dict) else None)
         self._runs_checked.add(url)
+
+    def _refuse_other_run(self, url: str, run) -> None:
+        if self.run_name is not None and run is not None and run != self.run_name:
+            raise RunDataError(  # its weights are another run's: a step ahead or behind, trained on either way
+                f"inference server {url} serves run {run!r}, this orchestrator's run is {self.run_name!r}: start "
+                f"`grpokit infer` with --run_name {self.run_name} (and this recipe), or point "
+                "inference.init_args.base_url at that run's server"
+            )
 
     def _weight_step_of(self, url: str) -> int:
         try:
@@ -159,12 +171,7 @@ class RemoteEngine(InferenceEngine):
             raise ValueError(
                 f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step"
             )
-        if self.run_name is not None and run is not None and run != self.run_name:
-            raise RunDataError(  # its weights are another run's: a step ahead or behind, trained on either way
-                f"inference server {url} serves run {run!r}, this orchestrator's run is {self.run_name!r}: start "
-                f"`grpokit infer` with --run_name {self.run_name} (and this recipe), or point "
-                "inference.init_args.base_url at that run's server"
-            )
+        self._refuse_other_run(url, run)
         return step
 
     def _vocabulary(self) -> int | None:
