@@ -48,6 +48,8 @@ class Advantage(ABC):
         """`advantages_PG`, refused (named) unless it has the rewards' shape and is finite where they are:
         a P-shaped or NaN output used to be paired short or blamed on the loss steps later."""
         name, tensor = type(self).__name__, isinstance(advantages_PG, torch.Tensor)
+        if tensor and advantages_PG.shape != rewards_PG.shape and advantages_PG.numel() == rewards_PG.numel():
+            advantages_PG = advantages_PG.reshape(rewards_PG.shape)  # flat P*G, in rollout order: as before
         if not tensor or advantages_PG.shape != rewards_PG.shape:
             got = tuple(advantages_PG.shape) if tensor else type(advantages_PG).__name__
             raise ValueError(

@@ -6,6 +6,7 @@ dataclass carries everything a loss may use, so adding a field never breaks exis
 
 from __future__ import annotations
 
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -116,21 +117,22 @@ def check_experts(loss: Loss, batch: TrainingBatch) -> None:
 
 
 def checked_output(loss: Loss, out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`out` of `loss(inputs)`, refused (naming the loss and the contract) unless it is a 0-dim tensor and
-    a dict of 0-dim tensors: a per-token loss used to fail in backward ("grad can be implicitly created
-    only for scalar outputs") and a missing metrics dict in the trainer's averaging, naming neither."""
+    """`out` of `loss(inputs)` as (0-dim loss, metrics), refused (naming the loss and the contract) unless
+    the loss is a one-element tensor and the metrics a dict of one-element tensors or numbers: a per-token
+    loss used to fail in backward ("grad can be implicitly created only for scalar outputs") and a missing
+    metrics dict in the trainer's averaging, naming neither. A (1,)-shaped loss is taken as 0-dim."""
     name = type(loss).__name__
     contract = "a Loss returns (loss, metrics): a 0-dim tensor and a dict of 0-dim tensors"
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(f"model.loss {name} returned {type(out).__name__}; {contract}")
     value, metrics = out
-    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
         got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
         raise TypeError(f"model.loss {name} returned {got} as its loss; {contract}")
     if not isinstance(metrics, dict):
         raise TypeError(f"model.loss {name} returned {type(metrics).__name__} as its metrics; {contract}")
     for key, v in metrics.items():
-        if not isinstance(v, torch.Tensor) or v.dim() != 0:
+        if not (isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1)):
             got = f"shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
             raise TypeError(f"model.loss {name}: metric {key!r} is {got}; {contract}")
-    return value, metrics
+    return value.reshape(()), metrics

@@ -105,7 +105,7 @@ def test_a_misspelt_component_name_names_the_key_and_the_known_names(argv, messa
         ),
         (
             "grpokit.registry.losses.gspo.GSPOO",
-            "model.loss: grpokit.registry.losses.gspo.GSPOO (--model.loss): module grpokit.registry.losses.gspo "
+            "model.loss: grpokit.registry.losses.gspo.GSPOO (--model.loss): grpokit.registry.losses.gspo "
             "has no 'GSPOO'; did you mean GSPO?",
         ),
         (
@@ -121,6 +121,17 @@ def test_a_class_path_that_does_not_resolve_names_the_key_and_the_cause(path, me
     with pytest.raises(ValueError) as e:
         check_component_names(["fit", "--config", RECIPE, "--model.loss", path])
     assert message in str(e.value)
+
+
+def test_a_class_nested_in_a_class_resolves_as_jsonargparse_resolves_it(tmp_path, monkeypatch):
+    (tmp_path / "nested_lab.py").write_text(
+        "from grpokit.loss import Loss\n\n\nclass Losses:\n    class Plain(Loss):\n"
+        "        def __call__(self, inputs):\n            return inputs.trainer_logprobs_T.sum(), {}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_component_names(["fit", "--config", RECIPE, "--model.loss", "nested_lab.Losses.Plain"])
+    with pytest.raises(ValueError, match="nested_lab.Losses has no 'Plian'; did you mean Plain"):
+        check_component_names(["fit", "--config", RECIPE, "--model.loss", "nested_lab.Losses.Plian"])
 
 
 def test_names_in_recipe_files_are_checked_and_good_ones_pass(tmp_path):

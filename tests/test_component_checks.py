@@ -32,9 +32,9 @@ INPUTS = make_loss_inputs([-1.0, -2.0], [-1.1, -2.0], [0.5, 0.5])
         (torch.tensor(1.0), "model.loss Returns returned Tensor; a Loss returns (loss, metrics)"),
         ((torch.tensor(1.0), None), "model.loss Returns returned NoneType as its metrics"),
         ((torch.tensor(1.0), {"kl": torch.ones(3)}), "model.loss Returns: metric 'kl' is shape (3,)"),
-        ((torch.tensor(1.0), {"kl": 0.1}), "model.loss Returns: metric 'kl' is float"),
+        ((torch.tensor(1.0), {"kl": "0.1"}), "model.loss Returns: metric 'kl' is str"),
     ],
-    ids=["per-token loss", "no metrics", "metrics None", "metric not 0-dim", "metric a float"],
+    ids=["per-token loss", "no metrics", "metrics None", "metric not 0-dim", "metric a str"],
 )
 def test_a_loss_output_off_contract_is_refused_naming_the_loss(out, message):
     with pytest.raises(TypeError) as e:
@@ -42,10 +42,13 @@ def test_a_loss_output_off_contract_is_refused_naming_the_loss(out, message):
     assert message in str(e.value)
 
 
-def test_a_builtin_loss_output_passes_unchanged():
+def test_a_builtin_loss_output_passes_unchanged_and_what_used_to_work_still_does():
     loss = ClippedPG()
     value, metrics = loss(INPUTS)
     assert checked_output(loss, (value, metrics)) == (value, metrics)
+    # a (1,)-shaped loss and metrics as floats or one-element tensors trained before the check: kept
+    value, metrics = checked_output(Returns(), (torch.ones(1), {"a": 0.5, "b": torch.ones(1)}))
+    assert value.shape == () and metrics == {"a": 0.5, "b": torch.ones(1)}
 
 
 def rollouts(rewards: list[list[float]]) -> list[list[Rollout]]:
@@ -86,6 +89,12 @@ def test_an_advantage_of_another_shape_or_not_finite_is_refused_naming_it():
     with pytest.raises(ValueError, match="data.advantage: Divides returned non-finite advantages for finite rewards"):
         Divides().token_advantages(groups)  # used to be blamed on the loss (lower model.lr) steps later
     assert GroupNorm().token_advantages(groups)[2:] == [[0.0, 0.0], [0.0, 0.0]]
+    assert Flat().token_advantages(groups) == GroupNorm().token_advantages(groups)  # P*G flat: paired as before
+
+
+class Flat(GroupNorm):
+    def __call__(self, rewards_PG, lengths_PG):
+        return super().__call__(rewards_PG, lengths_PG).flatten()
 
 
 class LongerThan(Filter):

@@ -306,22 +306,34 @@ def _check_class_path(source: str, key: str, kind: str, path: str) -> None:
     `kind`."""
     from grpokit.cli.discovery import KINDS
 
-    module_name, _, class_name = path.rpartition(".")
     where = f"{key}: {path} ({source})"
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(
-            f"{where}: cannot import {module_name} ({e}); is its package installed or on PYTHONPATH?"
-        ) from e
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        classes = [n for n, v in vars(module).items() if inspect.isclass(v) and not n.startswith("_")]
-        close = difflib.get_close_matches(class_name, classes, n=3, cutoff=0.6)
-        raise ValueError(
-            f"{where}: module {module_name} has no {class_name!r}"
-            + (f"; did you mean {' or '.join(close)}?" if close else "")
-        )
+    parts, first_error, module = path.split("."), None, None
+    for cut in range(len(parts) - 1, 0, -1):  # the longest importable prefix, as jsonargparse resolves it
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+            break
+        except ModuleNotFoundError as e:
+            first_error = first_error or e
+            if not ".".join(parts[:cut]).startswith(str(e.name)):  # a module it imports is missing
+                raise ValueError(f"{where}: cannot import {'.'.join(parts[:cut])} ({e})") from e
+        except ImportError as e:
+            raise ValueError(f"{where}: cannot import {'.'.join(parts[:cut])} ({e})") from e
+    cls, owner = module, ".".join(parts[:cut])
+    for name in parts[cut:]:  # the class, or Outer.Inner below the module
+        found = getattr(cls, name, None) if cls is not None else None
+        if found is None and first_error is not None and name == parts[cut]:
+            raise ValueError(
+                f"{where}: cannot import {'.'.join(parts[:-1])} ({first_error}); is its package installed or "
+                "on PYTHONPATH?"
+            ) from first_error
+        if found is None:
+            names = [n for n, v in vars(cls).items() if inspect.isclass(v) and not n.startswith("_")]
+            close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+            raise ValueError(
+                f"{where}: {owner} has no {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else "")
+            )
+        cls, owner = found, f"{owner}.{name}"
+    class_name = parts[-1]
     base = KINDS[kind]
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ValueError(

@@ -152,8 +152,10 @@ def orchestrate(cli) -> int:
         log.info("orchestrator stopped; the same command continues from the first batch not yet sent")
         return 130
     finally:
-        data.transport.close()
-        broadcast.close()  # withdraws its filesystem-broadcast ack, which would keep old weight steps on disk
+        try:
+            data.transport.close()
+        finally:
+            broadcast.close()  # withdraws its filesystem-broadcast ack, which would keep old weight steps on disk
 
 
 def first_unsent_step(data, start_step: int) -> int:

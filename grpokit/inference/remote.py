@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -109,6 +110,7 @@ class RemoteEngine(InferenceEngine):
         self.weight_step = -1
         self.server_weight_step = -1
         self._runs_checked: set[str] = set()  # servers whose run (GET /v1/weights) was checked against run_name
+        self._run_lock = threading.Lock()
         self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
 
     def setup(self, model: str) -> None:
@@ -129,26 +131,27 @@ class RemoteEngine(InferenceEngine):
         return min(self._weight_step_of(url) for url in self.base_urls)
 
     def _check_run(self, url: str) -> None:
-        """Before the first request to `url`: refuse a grpokit server of another run. A server whose
-        /v1/weights names no run (vLLM, another OpenAI-compatible server: 404 or another answer) passes."""
-        try:
-            answer = json.loads(self._call(url, "weights"))
-        except RemoteError as e:
-            if e.code != 404:
-                raise
-            answer = None
-        except json.JSONDecodeError:
-            answer = None
-        self._refuse_other_run(url, answer.get("run") if isinstance(answer, dict) else None)
-        self._runs_checked.add(url)
+        """Once per server, before its first request (the worker threads wait for the one that asks):
+        refuse a grpokit server of another run. A server whose /v1/weights names no run (vLLM, another
+        OpenAI-compatible server: an HTTP error or another answer) passes."""
+        with self._run_lock:
+            if url in self._runs_checked:
+                return
+            try:
+                answer = json.loads(self._call(url, "weights"))
+            except (RemoteError, json.JSONDecodeError):
+                answer = None
+            self._refuse_other_run(url, answer.get("run") if isinstance(answer, dict) else None)
 
     def _refuse_other_run(self, url: str, run) -> None:
+        """Raise RunDataError if `run` (a server's GET /v1/weights) is not this run; else mark it checked."""
         if self.run_name is not None and run is not None and run != self.run_name:
             raise RunDataError(  # its weights are another run's: a step ahead or behind, trained on either way
                 f"inference server {url} serves run {run!r}, this orchestrator's run is {self.run_name!r}: start "
                 f"`grpokit infer` with --run_name {self.run_name} (and this recipe), or point "
                 "inference.init_args.base_url at that run's server"
             )
+        self._runs_checked.add(url)
 
     def _weight_step_of(self, url: str) -> int:
         try:
