@@ -333,10 +333,9 @@ def _check_class_path(source: str, key: str, kind: str, path: str) -> None:
                 f"{where}: {owner} has no {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else "")
             )
         cls, owner = found, f"{owner}.{name}"
-    class_name = parts[-1]
     base = KINDS[kind]
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ValueError(
-            f"{where}: {class_name} is not a {base.__name__} subclass; {key} takes a {kind} "
+            f"{where}: {parts[-1]} is not a {base.__name__} subclass; {key} takes a {kind} "
             f"(`grpokit registry list {kind}`, docs/custom-components.md)"
         )

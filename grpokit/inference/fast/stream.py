@@ -113,7 +113,7 @@ class FastStream(GenerationStream):
 
     def _new_batch(self) -> ContinuousBatch:
         engine = self.engine
-        slots = min(engine.max_batch_size, self.max_rows)
+        slots = self.max_rows  # at most engine.max_batch_size (__init__)
         max_len = min(engine.max_model_len, -(-self.max_len // LENGTH_BUCKET) * LENGTH_BUCKET)
         runner = ModelRunner(engine.model, slots, max_len, engine.cuda_graphs, engine.compile)
         batch = ContinuousBatch(
