@@ -103,6 +103,7 @@ def _rank_main(rank: int, port: int, out: Path, model: str) -> None:
             gathered = full_state_dict(sharded.lm)
             result["loaded"] = rank != 0 or all(torch.equal(gathered[k], new[k]) for k in gathered)
     (out / f"rank_{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # both ranks tear gloo down together: one leaving mid-collective aborted the other (SIGABRT)
     dist.destroy_process_group()
 
 
