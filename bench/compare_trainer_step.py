@@ -52,8 +52,12 @@ def read_batch(path: Path):
 def child(batches: Path, steps: list[int]) -> None:
     import torch
 
-    from grpokit.lora import LoraSettings  # old path: imports in both layouts
-    from grpokit.policy import Policy
+    try:
+        from grpokit.trainer.lora import LoraSettings
+        from grpokit.trainer.policy import Policy
+    except ImportError:  # a checkout from before the package was regrouped by role (2026-11)
+        from grpokit.lora import LoraSettings
+        from grpokit.policy import Policy
     from grpokit.registry.losses.aipo import AIPO
 
     torch.set_num_threads(2)

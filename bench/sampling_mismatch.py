@@ -15,10 +15,10 @@ import argparse
 
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 
 SETTINGS = [

@@ -31,14 +31,14 @@ class Rollout:
         metrics: per-rollout environment metrics.
         step_rewards: the environment's reward of each reasoning step of the completion (process
             supervision), or None when its task reports none (see
-            grpokit.orchestrator.environment.Environment.step_rewards).
+            grpokit.environments.environment.Environment.step_rewards).
         step_ends: for each step, the index in completion_ids of its last token (ascending).
         is_expert: an expert (gold) completion the orchestrator added (`data.expert`), not sampled: it
             has no reward, advantage or inference logprobs and is trained on only by losses with
             `needs_experts` (Chord's SFT term).
         messages: a multi-turn rollout's whole chat (prompt, replies, tool results, the environment's
             messages) for samples.jsonl; None for a single-turn one. Its completion_ids hold every turn,
-            the environment's tokens with completion_mask 0 (grpokit.orchestrator.multi_turn).
+            the environment's tokens with completion_mask 0 (grpokit.environments.multi_turn).
         token_steps: per completion token, the weight step that produced it, when the engine loaded new
             weights while decoding it (streaming rollouts, grpokit.orchestrator.streaming); None when
             one step sampled it all. policy_step is then its oldest token's step.

@@ -1,6 +1,5 @@
 """Every shipped overlay (a swapped loss, advantage or schedule) trains end to end on the tiny model."""
 
-import csv
 import math
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import pytest
 
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 OVERLAYS = sorted((RECIPES / "ablations").glob("*.yaml"))
@@ -34,7 +34,7 @@ def test_overlay_trains_on_tiny_model(overlay, tmp_path, tiny_model):
         "0",
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [int(r["step"]) for r in rows] == [0, 1]
     assert all(math.isfinite(float(r["loss"])) and math.isfinite(float(r["grad_norm"])) for r in rows)
     assert any(float(r["grad_norm"]) > 0 for r in rows), "no gradient reached the adapter"

@@ -5,7 +5,7 @@ of a TrainingBatch (nested dataclasses), which the meta device shows without a G
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from grpokit.testing import assert_same_batch, make_training_batch
+from tests.support import assert_same_batch, make_training_batch
 
 
 def test_move_data_to_device_moves_every_tensor_of_a_training_batch():

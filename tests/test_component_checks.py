@@ -12,6 +12,7 @@ from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.registry.losses.clipped_pg import ClippedPG
 from grpokit.testing import make_loss_inputs
 from grpokit.types import Rollout
+from tests.support import make_group
 
 
 class Returns(Loss):
@@ -52,24 +53,7 @@ def test_a_builtin_loss_output_passes_unchanged_and_what_used_to_work_still_does
 
 
 def rollouts(rewards: list[list[float]]) -> list[list[Rollout]]:
-    return [
-        [
-            Rollout(
-                example_id=p,
-                env_id="e",
-                group_id=p,
-                prompt_ids=[1],
-                completion_ids=[7, 8],
-                completion_logprobs=[-0.5, -0.5],
-                completion_mask=[1, 1],
-                reward=r,
-                is_truncated=False,
-                policy_step=0,
-            )
-            for r in group
-        ]
-        for p, group in enumerate(rewards)
-    ]
+    return [make_group(group, group_id=p) for p, group in enumerate(rewards)]
 
 
 class PerPrompt(Advantage):

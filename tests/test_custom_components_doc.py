@@ -1,7 +1,6 @@
 """docs/custom-components.md works as written: a loss in the user's own file, by class path, then by
 short name through an entry point, trained end to end on the tiny model."""
 
-import csv
 import importlib
 import re
 import shutil
@@ -12,6 +11,7 @@ from pathlib import Path
 from grpokit.cli.discovery import components, discover
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "custom-components.md").read_text()
@@ -22,7 +22,7 @@ def tiny_fit(tmp_path, tiny_model, name, loss):
         tmp_path, tiny_model, name, "--model.loss", loss, "--trainer.max_steps", "2", "--ckpt.interval", "0"
     )
     assert main(argv) == 0
-    return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
+    return read_metrics(tmp_path / name)
 
 
 def test_doc_example_by_class_path_then_entry_point(tmp_path, tiny_model, monkeypatch):

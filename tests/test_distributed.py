@@ -6,6 +6,7 @@ file that the test compares.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,11 @@ import lightning as L
 import pytest
 import torch
 
-from grpokit.testing import free_port, make_training_batch
+from grpokit.testing import free_port
 from grpokit.trainer.distributed import check_trainer_processes, rank_share
+from tests.support import make_training_batch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_rank_share_is_round_robin_and_covers_every_micro_batch_once():
@@ -104,7 +108,11 @@ def test_refuses_several_processes_without_run_name_or_with_spawned_ranks():
 
 def test_two_ranks_share_rank_zeros_batch_and_gather_every_ranks_metrics(tmp_path):
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(tmp_path)]) for rank in range(2)]
+    # the ranks run this file as a script: the repository on their path, so that tests.support imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    procs = [
+        subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(tmp_path)], env=env) for rank in range(2)
+    ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     got = [json.loads((tmp_path / f"rank_{rank}.json").read_text()) for rank in range(2)]
     assert got[0] == got[1]
@@ -116,8 +124,9 @@ def _rank_main(rank: int, port: int, out: Path) -> None:
     """One rank: receive rank 0's batch (checked equal to the batch rank 0 sent), gather a step's results."""
     import torch.distributed as dist
 
-    from grpokit.testing import assert_same_batch
-    from grpokit.trainer.distributed import gather_step, share_batch
+    from grpokit.trainer.distributed import gather_step
+    from grpokit.transport import share_batch
+    from tests.support import assert_same_batch
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     received = share_batch(make_training_batch(7) if rank == 0 else None)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpokit.environments.conversation import is_multi_turn
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import Completion, SamplingSettings
-from grpokit.orchestrator.conversation import is_multi_turn
-from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.testing import ReplyEngine, play
+from tests.support import ReplyEngine, play
 
 pytestmark = pytest.mark.unit
 
@@ -190,7 +190,7 @@ def tokenizer():
 
 
 def quiz_rollouts(env, tokenizer, turns, cut_turn=None):
-    from grpokit.orchestrator.rollouts import generate_rollouts
+    from grpokit.orchestrator.group_play import generate_rollouts
 
     sampling = SamplingSettings(max_tokens=8, seed=0)
     (group,) = generate_rollouts(
@@ -200,7 +200,7 @@ def quiz_rollouts(env, tokenizer, turns, cut_turn=None):
 
 
 def test_what_the_trainer_sees(envs, tokenizer):
-    from grpokit.orchestrator.chat_tokens import ChatTokens
+    from grpokit.environments.chat_tokens import ChatTokens
     from grpokit.orchestrator.rollouts import TurnLimits
     from grpokit.registry.advantages.process import Process
 
@@ -250,18 +250,23 @@ def test_what_the_trainer_sees(envs, tokenizer):
 
 
 class CountEngine(ReplyEngine):
-    """Answers count-letters: right, except the second of a group's first replies (one letter too many)."""
+    """Answers count-letters: right, except every second first reply (one letter too many): a group's
+    episodes ask in order, each its own request."""
+
+    firsts = 0
 
     def reply(self, ids, i):
         text = self.tok.decode(ids)
         word = re.findall(r"How many letters has the word '(\w+)'", text)[-1]
-        wrong = i == 1 and "Count again" not in text
+        first = "Count again" not in text
+        self.firsts += first
+        wrong = first and self.firsts % 2 == 0
         ids = self.tok.encode(str(len(word) + wrong), add_special_tokens=False) + [self.end]
         return Completion(ids, [-0.5] * len(ids), False, 0)
 
 
 def test_the_verifiers_env_coaches_a_second_try(site, tokenizer):
-    from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
+    from grpokit.orchestrator.group_play import TurnLimits, generate_rollouts
 
     spec = EnvSpec(id="recount+count-letters", args={"num_tasks": 6}, env_args={"hint": "Count again."})
     env = Environment(spec)

@@ -1,19 +1,19 @@
 """End to end: `grpokit fit` on a tiny random model trains, logs, broadcasts, and is deterministic."""
 
-import csv
 import json
 
 import pytest
 
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def tiny_fit(tmp_path, tiny_model, name, *extra):
     argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.lr", "1e-3", "--trainer.max_steps", "3", *extra)
     assert main(argv) == 0
     run = tmp_path / name
-    return run, list(csv.DictReader(open(run / "metrics.csv")))
+    return run, read_metrics(run, None)
 
 
 def step_rows(rows):

@@ -38,7 +38,7 @@ def _chunked_logprobs_diff(plain, sharded) -> float:
     their gradients (the sharded ones gathered)."""
     import torch
 
-    from grpokit.trainer.logprobs import packed_token_logprobs
+    from grpokit.common.logprobs import packed_token_logprobs
 
     ids_T = torch.randint(0, 200, (20,), generator=torch.Generator().manual_seed(0))
     pos_T, lens_N = torch.cat([torch.arange(12), torch.arange(8)]), torch.tensor([12, 8])

@@ -2,7 +2,6 @@
 the process cleanly: no SIGABRT from the rollout thread ("terminate called without an active
 exception"), nothing written is lost, and the run continues with --ckpt.resume_step -1."""
 
-import csv
 import os
 import resource
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 from grpokit.main import entry, main
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import checkpoint_steps
+from tests.support import read_metrics
 
 STEPS = 6
 WAIT = 300  # seconds any one stage may take before the test fails (never hangs)
@@ -39,7 +39,7 @@ def wait_for(path: Path, proc: subprocess.Popen) -> None:
 
 
 def step_rows(run: Path) -> list[dict]:
-    return [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    return read_metrics(run)
 
 
 def without_timings(rows: list[dict]) -> list[dict]:

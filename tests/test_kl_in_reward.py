@@ -6,7 +6,6 @@ of a tiny random model; a tiny `grpokit fit` whose step-0 KL is ~0 and whose ref
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 
@@ -28,23 +27,12 @@ from grpokit.registry.advantages.process import Process
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
 from grpokit.testing import tiny_fit_argv
-from grpokit.types import Rollout
+from tests.support import make_rollout, read_metrics
 
 
 def rollout(reward, logprobs, mask=None, prompt=(1, 2, 3), completion=None, group=0):
-    n = len(logprobs)
-    return Rollout(
-        example_id=group,
-        env_id="e",
-        group_id=group,
-        prompt_ids=list(prompt),
-        completion_ids=list(completion) if completion is not None else [10 + i for i in range(n)],
-        completion_logprobs=list(logprobs),
-        completion_mask=list(mask) if mask is not None else [1] * n,
-        reward=reward,
-        is_truncated=False,
-        policy_step=0,
-    )
+    completion = completion if completion is not None else [10 + i for i in range(len(logprobs))]
+    return make_rollout(completion, prompt_ids=prompt, logprobs=logprobs, mask=mask, reward=reward, group_id=group)
 
 
 # 2 groups x 2 rollouts: engine (behaviour) logprobs logp, reference logprobs logq; the third token of
@@ -208,7 +196,7 @@ def test_fit_step_0_kl_is_zero_and_the_reference_stays_frozen(tmp_path, tiny_mod
         *("--data.kl_in_reward.coef", str(coef), "--data.kl_in_reward.estimator", "k1"),
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [int(r["step"]) for r in rows] == [0, 1]
     kl = [float(r["kl_in_reward/kl_mean"]) for r in rows]
     assert abs(kl[0]) < 1e-4, kl

@@ -1,15 +1,12 @@
-"""The package's shape, checked: no import cycle (function-local imports included), no use of a moved
-module's old path inside grpokit, every module in CONTRIBUTING's layout map, no function over 60 lines
-but those docs/architecture.md names with a reason, and the old module paths still importable."""
+"""The package's shape, checked: no import cycle and no import of a higher layer (function-local imports
+included), every module in CONTRIBUTING's layout map, no function over 60 lines but those
+docs/architecture.md names with a reason."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from pathlib import Path
-
-from grpokit.moved import MOVED
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "grpokit"
@@ -25,12 +22,14 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imported_names(path: Path) -> set[str]:
+def imported_names(path: Path, name: str | None = None) -> set[str]:
     """Every module name an import statement in `path` names (top-level or inside a function), with
     `from pkg import name` counted as pkg.name too (it may be a submodule). Imports under
-    `if TYPE_CHECKING:` are left out: they never run."""
+    `if TYPE_CHECKING:` are left out: they never run. `name`: the module's name, when it is not its path's
+    (registry/ and envs/ install as grpokit.registry and grpokit.envs)."""
     names: set[str] = set()
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
@@ -106,31 +105,127 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_grpokit_uses_no_old_module_path():
-    found = modules()
-    used = {
-        (name, n) for name, path in found.items() if name != "grpokit.moved" for n in imported_names(path) if n in MOVED
+# The dependency rule (docs/architecture.md, "Package layout, and why"), lowest layer first. A package is
+# the first name under grpokit ("" is grpokit/__init__.py). A module may import its own package and any
+# package of a lower layer, or of its own layer, except among the roles: a role imports another only
+# along an edge of ROLE_EDGES.
+LAYERS = (
+    ("plug-in API", {"", "types", "loss", "advantage", "filter", "noise", "kl", "normalization"}),
+    ("common", {"common"}),
+    ("plug-ins and their test kit", {"registry", "testing"}),
+    ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast"}),
+    ("environment plug-ins", {"envs"}),
+    ("the recipe CLI", {"cli", "run"}),
+    ("tools on the CLI", {"sweep", "bench"}),
+    ("the program", {"main", "__main__"}),
+)
+LAYER_OF = {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}
+ROLES = LAYER_OF["trainer"]
+
+# (importing roles, imported module, why): the only imports between roles, and the roles' one import of a
+# higher layer (finding a built-in environment by id). "pkg.*" is pkg and its modules. What two roles
+# both need and no edge allows moves down to common/ (the packed logprobs, the ranks' collectives).
+ROLE_EDGES = (
+    ({"orchestrator"}, "grpokit.environments.*", "the producer drives the environments' turns and scores"),
+    ({"orchestrator", "environments"}, "grpokit.inference", "rollouts are sampled from an InferenceEngine"),
+    ({"orchestrator"}, "grpokit.inference.streams", "streaming rollouts run on the engine's GenerationStream"),
+    ({"trainer", "orchestrator", "inference"}, "grpokit.broadcast", "weights go trainer -> engine via WeightBroadcast"),
+    ({"inference"}, "grpokit.broadcast.nccl", "vLLM's worker extension is the NCCL broadcast's receiving end"),
+    ({"trainer", "orchestrator"}, "grpokit.transport", "batches go orchestrator -> trainer through a Transport"),
+    ({"orchestrator"}, "grpokit.transport.filesystem", "data.transport's default"),
+    ({"trainer"}, "grpokit.transport.codec", "a non-finite step's batch is saved in the transport's format"),
+    ({"environments"}, "grpokit.envs", "a built-in environment is found by id among the envs package's folders"),
+)
+
+# Plug-ins import less than their layer: these layers, these modules, and their own package. An
+# environment uses the environment layer's public names (`from grpokit.environments import EnvTurn`).
+PLUGIN_FOLDERS = {"registry": ROOT / "registry", "envs": ROOT / "envs"}
+PLUGIN_IMPORTS = {
+    "registry": {"plug-in API", "common"},
+    "envs": {"plug-in API", "common", "grpokit.environments"},
+}
+
+
+def plugin_modules() -> dict[str, Path]:
+    """registry/ and envs/ by the names they install as (grpokit.registry.*, grpokit.envs.*)."""
+    out: dict[str, Path] = {}
+    for package, folder in PLUGIN_FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            out[".".join(("grpokit", package, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+    return out
+
+
+def layer_graph() -> dict[str, set[str]]:
+    """The import graph of grpokit/, registry/ and envs/ (module -> the modules it imports)."""
+    found = {**modules(), **plugin_modules()}
+    return {name: {n for n in imported_names(path, name) if n in found and n != name} for name, path in found.items()}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def may_import(importer: str, imported: str) -> bool:
+    """Whether the dependency rule lets module `importer` import module `imported`."""
+    src, dst = package_of(importer), package_of(imported)
+    if src == dst:
+        return True
+    if src in PLUGIN_IMPORTS:
+        return any(entry in (imported, LAYERS[LAYER_OF[dst]][0]) for entry in PLUGIN_IMPORTS[src])
+    if LAYER_OF[dst] < LAYER_OF[src] or LAYER_OF[dst] == LAYER_OF[src] != ROLES:
+        return True
+    return any(src in importers and names(target, imported) for importers, target, _ in ROLE_EDGES)
+
+
+def names(target: str, module: str) -> bool:
+    """Whether a ROLE_EDGES target names `module` ("pkg.*": pkg and every module inside it)."""
+    return module == target or (target.endswith(".*") and f"{module}.".startswith(target[:-1]))
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, imported in graph.items() for b in imported if not may_import(a, b))
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(name) for name in layer_graph()}
+    assert packages - set(LAYER_OF) == set(), "add the new package to a layer in LAYERS"
+    assert set(LAYER_OF) - packages == set(), "LAYERS names packages that are gone"
+
+
+def test_no_module_imports_a_higher_layer():
+    breaks = layer_breaks(layer_graph())
+    assert breaks == [], f"move what these share down a layer (or pass it in), or list the edge: {breaks}"
+
+
+def test_every_role_edge_is_used():
+    edges = [(package_of(a), b) for a, imported in layer_graph().items() for b in imported]
+    unused = [
+        f"{importer} -> {target}"
+        for importers, target, _ in ROLE_EDGES
+        for importer in sorted(importers)
+        if not any(src == importer and names(target, b) for src, b in edges)
+    ]
+    assert unused == [], f"ROLE_EDGES allows imports nothing makes any more: drop them {unused}"
+
+
+def test_the_layer_check_finds_a_break():
+    graph = {
+        "grpokit.common.models": {"grpokit.trainer.quantization", "grpokit.types"},
+        "grpokit.orchestrator.kl_reward": {"grpokit.trainer.logprobs", "grpokit.inference", "grpokit.kl"},
+        "grpokit.orchestrator.rollouts": {"grpokit.environments.multi_turn"},
+        "grpokit.environments.multi_turn": {"grpokit.orchestrator.loop", "grpokit.inference"},
+        "grpokit.envs.game": {"grpokit.environments", "grpokit.environments.conversation", "grpokit.envs.dataset"},
+        "grpokit.registry.losses.x": {"grpokit.loss", "grpokit.common.io", "grpokit.testing"},
+        "grpokit.cli.roles": {"grpokit.trainer.policy", "grpokit.run"},
     }
-    assert used == set()
-
-
-def test_every_old_module_path_imports_the_moved_module():
-    for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-        assert importlib.import_module(old).__spec__.name == new
-
-
-def test_an_old_class_path_resolves():
-    from jsonargparse import ArgumentParser
-    from lightning.pytorch.loggers import Logger
-
-    parser = ArgumentParser()
-    parser.add_subclass_arguments(Logger, "logger")
-    config = parser.parse_args(
-        ["--logger", '{"class_path": "grpokit.loggers.ResumableCSVLogger", "init_args": {"save_dir": "x"}}']
-    )
-    logger = parser.instantiate_classes(config).logger
-    assert type(logger).__module__ == "grpokit.trainer.loggers"
+    assert layer_breaks(graph) == [
+        "grpokit.common.models -> grpokit.trainer.quantization",
+        "grpokit.environments.multi_turn -> grpokit.orchestrator.loop",
+        "grpokit.envs.game -> grpokit.environments.conversation",
+        "grpokit.orchestrator.kl_reward -> grpokit.trainer.logprobs",
+        "grpokit.registry.losses.x -> grpokit.testing",
+    ]
 
 
 def layout_map_paths() -> set[str]:
@@ -195,33 +290,3 @@ def test_no_function_over_60_lines_but_those_named_with_a_reason():
     assert named - found == set(), (
         f"docs/architecture.md names functions that are no longer long: {sorted(named - found)}"
     )
-
-
-def test_an_old_run_folder_resumes(tmp_path, tiny_model):
-    """A run's config.yaml written before the move (old class paths) parses, and the run resumes from it."""
-    import csv
-
-    from grpokit.main import main
-    from grpokit.testing import tiny_fit_argv
-
-    argv = tiny_fit_argv(tmp_path, tiny_model, "old", "--trainer.max_steps", "2", "--ckpt.interval", "1")
-    assert main(argv) == 0
-    config = tmp_path / "old" / "config.yaml"
-    text = config.read_text()
-    for old, new in MOVED.items():
-        text = text.replace(new + ".", old + ".")
-    assert "grpokit.loggers.ResumableCSVLogger" in text  # what a run of the old layout wrote
-    config.write_text(text)
-    resume = [
-        "--run_name",
-        "old",
-        "--output_dir",
-        str(tmp_path),
-        "--ckpt.resume_step",
-        "-1",
-        "--trainer.max_steps",
-        "3",
-    ]
-    assert main(["fit", "--config", str(config), *resume]) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "old" / "metrics.csv")) if r.get("loss")]
-    assert [int(r["step"]) for r in rows] == [0, 1, 2]

@@ -2,10 +2,10 @@
 
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs, selective_logprobs
 from grpokit.common.models import load_causal_lm
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.trainer.logprobs import packed_token_logprobs, selective_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 
 

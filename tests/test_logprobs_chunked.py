@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from grpokit.trainer.logprobs import packed_token_logprobs
-from grpokit.trainer.varlen import use_varlen
+from grpokit.common.logprobs import packed_token_logprobs
+from grpokit.common.varlen import use_varlen
 
 
 def packed_batch(vocab: int):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.prefix_tree import prefix_tree
-from grpokit.trainer.logprobs import packed_token_logprobs
 
 
 def packed(seqs: list[list[int]]):
@@ -88,7 +88,7 @@ def test_logprobs_entropies_and_gradients_through_the_tree_equal_the_packed_rows
 def test_varlen_attention_refuses_shared_prefixes(model):
     import copy
 
-    from grpokit.trainer.varlen import use_varlen
+    from grpokit.common.varlen import use_varlen
 
     varlen = copy.deepcopy(model)
     use_varlen(varlen)

@@ -1,7 +1,6 @@
 """End to end: a tiny `grpokit fit` with QeRL noise. The engine's norm weights differ from the trainer's
 by the scheduled sigma, the trainer's stay clean bit for bit, sigma is logged, and training proceeds."""
 
-import csv
 import math
 
 import pytest
@@ -14,6 +13,7 @@ from grpokit.common.models import load_causal_lm
 from grpokit.common.noisy_norms import norm_weights
 from grpokit.registry.noise.qerl import QeRL
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 MAX_STEPS = 3  # QeRL's 10 stages over 3 steps: weight steps 0, 1, 2, 3 are in stages 0, 3, 6, 9
 
@@ -38,7 +38,7 @@ def test_qerl_noise_reaches_the_engine_and_only_the_engine(tmp_path, tiny_model)
     schedule = [QeRL().sigma(step, MAX_STEPS) for step in range(MAX_STEPS + 1)]
     assert schedule[0] == 0 and all(s > 0 for s in schedule[1:])
 
-    rows = [r for r in csv.DictReader(open(tmp_path / "qerl" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "qerl")
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
     assert [float(r["noise_sigma"]) for r in rows] == pytest.approx(schedule[:MAX_STEPS], rel=1e-6)
     assert all(math.isfinite(float(r["loss"])) and float(r["grad_norm"]) > 0 for r in rows)

@@ -2,7 +2,6 @@
 cannot fails at start with the fix. Skipped where bitsandbytes is not installed (CI installs without it),
 except the check that its absence is reported with the install command."""
 
-import csv
 import math
 import sys
 
@@ -13,6 +12,7 @@ from grpokit.cli import make_cli
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.policy import LoraSettings, Policy
 from grpokit.trainer.quantization import build_optimizer, check_nf4, check_optimizer
+from tests.support import read_metrics
 
 
 def test_nf4_needs_lora():
@@ -87,7 +87,7 @@ def test_tiny_qlora_fit_with_8bit_adamw_trains(tmp_path, tiny_model):
         lora_b and all(p.requires_grad for p in lora_b) and any(p.abs().max() > 0 for p in lora_b)
     )  # B starts at 0: it was trained
     assert not any(p.requires_grad for n, p in lm.named_parameters() if "lora_" not in n)  # the 4-bit base stays frozen
-    rows = [r for r in csv.DictReader(open(tmp_path / "qlora" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "qlora")
     assert [int(r["step"]) for r in rows] == [0, 1]
     assert all(math.isfinite(float(r["loss"])) and float(r["grad_norm"]) > 0 for r in rows)
     # the engine serves the unquantized base + the adapter: the NF4 rounding shows as a small mismatch

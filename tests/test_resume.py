@@ -1,6 +1,5 @@
 """Kill `grpokit fit` with SIGKILL mid-run, resume with ckpt.resume_step -1: no step lost or repeated."""
 
-import csv
 import json
 import signal
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 MAX_STEPS = 12
 
@@ -49,7 +49,7 @@ def test_sigkill_then_resume_continues_without_gaps_or_repeats(tmp_path, tiny_mo
 
     assert main(argv(tmp_path, tiny_model, "killed", "--ckpt.resume_step", "-1")) == 0
 
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(MAX_STEPS))  # each step trained exactly once
     assert (run / "checkpoints" / f"step_{MAX_STEPS}.ckpt").exists()
     assert not list((run / "checkpoints").glob("*.tmp"))

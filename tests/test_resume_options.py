@@ -1,7 +1,6 @@
 """ckpt.skip_progress (weights only, count from 0, earlier files archived) and ckpt.skip_buffer (no
 easy/hard pools restored), on the tiny model."""
 
-import csv
 import json
 
 import pytest
@@ -11,6 +10,7 @@ from grpokit.main import main
 from grpokit.orchestrator.pools import read_log
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import CheckpointSettings, archive_progress
+from tests.support import read_metrics
 
 # the tiny model never answers arithmetic (reward 0: hard pool) and always earns some reverse-text credit
 ENVS = '[{"id": "reverse-text", "args": {"num_tasks": 2}}, {"id": "arithmetic", "args": {"num_tasks": 2}}]'
@@ -35,7 +35,7 @@ def fit(tmp_path, tiny_model, *overrides):
     )
     assert main(argv) == 0
     run = tmp_path / "run"
-    steps = [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    steps = [int(r["step"]) for r in read_metrics(run)]
     return steps, [json.loads(line) for line in open(run / "samples.jsonl")]
 
 

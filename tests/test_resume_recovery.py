@@ -2,7 +2,6 @@
 passed over for the previous one, and a resume from an older checkpoint sets the later history aside
 and trains on (co-locate `fit` samples the steps from the checkpoint on again)."""
 
-import csv
 import json
 import logging
 import shutil
@@ -13,6 +12,7 @@ import torch
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import checkpoint_problem, checkpoint_steps
+from tests.support import read_metrics
 
 STEPS = 8
 
@@ -42,7 +42,7 @@ def copy_of(finished_run, tmp_path):
 
 
 def trained_steps(run):
-    return [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    return [int(r["step"]) for r in read_metrics(run)]
 
 
 def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(finished_run, tmp_path, tiny_model, caplog):

@@ -56,17 +56,17 @@ def test_a_resumed_lora_run_samples_only_after_the_engine_shares_the_trainers_ba
 
     run("first", "--trainer.max_steps", "2")
     events: list[str] = []
-    share, generate = BuiltinEngine.share_base_weights, BuiltinEngine.generate
+    share, open_stream = BuiltinEngine.share_base_weights, BuiltinEngine.open_stream
 
     def recording_share(self, *args, **kwargs):
         events.append("share")
         return share(self, *args, **kwargs)
 
-    def recording_generate(self, *args, **kwargs):
-        events.append("generate")
-        return generate(self, *args, **kwargs)
+    def recording_open_stream(self, *args, **kwargs):  # the rollout driver samples through a stream
+        events.append("sample")
+        return open_stream(self, *args, **kwargs)
 
     monkeypatch.setattr(BuiltinEngine, "share_base_weights", recording_share)
-    monkeypatch.setattr(BuiltinEngine, "generate", recording_generate)
+    monkeypatch.setattr(BuiltinEngine, "open_stream", recording_open_stream)
     run("resumed", "--trainer.max_steps", "4", "--ckpt.resume_step", "-1")
-    assert events[0] == "share" and events.count("share") == 1 and "generate" in events
+    assert events[0] == "share" and events.count("share") == 1 and "sample" in events

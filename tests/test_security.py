@@ -14,7 +14,7 @@ import yaml
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
-from grpokit.testing import ScriptedServer
+from tests.support import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("grpokit", "registry", "envs") for p in (REPO / folder).rglob("*.py"))

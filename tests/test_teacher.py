@@ -1,10 +1,9 @@
 """model.teacher_model: the trainer scores each micro-batch under a frozen teacher for AIPO's teacher_tau."""
 
-import csv
-
 import pytest
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_causal_lm, load_tokenizer
 from grpokit.loss import LossInputs
 from grpokit.main import main
@@ -12,9 +11,9 @@ from grpokit.orchestrator.packing import pack
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.clipped_pg import ClippedPG
 from grpokit.testing import tiny_fit_argv
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.policy import LoraSettings, Policy
-from grpokit.types import Rollout, TrainingBatch
+from grpokit.types import TrainingBatch
+from tests.support import make_rollout, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +29,7 @@ def teacher(tiny_model, tmp_path_factory) -> str:
 
 
 def rollout(prompt, completion):
-    return Rollout(
-        example_id=0,
-        env_id="e",
-        group_id=0,
-        prompt_ids=prompt,
-        completion_ids=completion,
-        completion_logprobs=[-1.0] * len(completion),
-        completion_mask=[1] * len(completion),
-        reward=0.0,
-        is_truncated=False,
-        policy_step=0,
-    )
+    return make_rollout(completion, prompt_ids=prompt, logprobs=[-1.0] * len(completion))
 
 
 def test_loss_inputs_carry_the_teacher_logprobs_of_each_packed_token(tiny_model, teacher):
@@ -98,6 +86,6 @@ def test_fit_distils_from_a_teacher(tiny_model, teacher, tmp_path):
         "0",
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "t" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "t")
     assert [int(r["step"]) for r in rows] == [0, 1]
     assert all(float(r["teacher_kl"]) != 0.0 and float(r["grad_norm"]) > 0 for r in rows)

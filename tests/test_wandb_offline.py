@@ -1,11 +1,10 @@
 """wandb, when configured, logs offline without network beside the always-on CSV metrics."""
 
-import csv
-
 import pytest
 
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_wandb_offline_run(tmp_path, tiny_model, monkeypatch):
@@ -35,7 +34,7 @@ def test_wandb_offline_run(tmp_path, tiny_model, monkeypatch):
         str(tmp_path),
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "w" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "w")
     assert len(rows) == 2
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and any(runs[0].glob("*.wandb"))

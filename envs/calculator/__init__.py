@@ -2,7 +2,7 @@
 
 The question is one product or sum of multi-digit numbers ("What is 347 * 29?"), which SmolLM2-135M gets
 wrong on its own. The model may call the tool `calculator(expression)` in the Hermes syntax
-(grpokit.orchestrator.tools); the result comes back as a tool message, and the model then answers.
+(grpokit.environments.tools); the result comes back as a tool message, and the model then answers.
 
 Reward: 1.0 when the final reply's last number is the answer, else 0; plus 0.2 when a tool call
 returned a result, so a model that has not yet learnt to answer from the result is still pulled
@@ -86,7 +86,7 @@ class CalculatorData(vf.TaskData):
 
 
 class CalculatorTask(vf.Task[CalculatorData]):
-    """One question; `tools` makes grpokit run it as a multi-turn rollout (grpokit.orchestrator.conversation)."""
+    """One question; `tools` makes grpokit run it as a multi-turn rollout (grpokit.environments.conversation)."""
 
     tools = (calculator,)
     max_turns = 3

@@ -18,7 +18,7 @@ import re
 
 import verifiers.v1 as vf
 
-from grpokit.orchestrator.conversation import EnvTurn
+from grpokit.environments import EnvTurn
 
 NUMBER = re.compile(r"-?\d+")
 STEP_PENALTY = 0.15

@@ -5,7 +5,7 @@
 Every turn samples exactly `new_tokens` tokens per conversation (min_tokens = max_tokens: no row stops
 early, so both variants do the same decode work), then `env_tokens` random tokens (the environment's
 answer) are appended, and the next turn's prompt is the whole conversation so far, one `generate` call per
-turn as grpokit.orchestrator.multi_turn makes it. Both variants run on one engine (one copy of the
+turn as grpokit.environments.multi_turn makes it. Both variants run on one engine (one copy of the
 weights), each with its own cache and its own conversations, alternating turn by turn (which one goes
 first alternates too), so that other load on the machine hits both alike; `repeats` runs the whole
 workload again from fresh caches and reports each turn's median seconds. Reported per turn and variant:

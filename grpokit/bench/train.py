@@ -6,8 +6,8 @@ weights on the same packed micro-batch (sequences of `seq_len` tokens, a random 
   apart by a dense block-diagonal [T, T] mask (grpokit's CPU default), no activation checkpointing,
   the loss -sum(logprob * advantage) / tokens, AdamW;
 - grpokit: what `grpokit fit` runs, through grpokit.trainer.policy.Policy (grpokit.bench.trainer): varlen
-  attention (grpokit.trainer.varlen), log-probabilities in chunks of `chunk_size` tokens
-  (grpokit.trainer.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
+  attention (grpokit.common.varlen), log-probabilities in chunks of `chunk_size` tokens
+  (grpokit.common.logprobs.chunked_logprobs), activation checkpointing, Policy's default loss (AIPO, with
   the engine's logprobs set to the policy's own before the first step), gradient clipping at 1.0,
   Policy's AdamW;
 - grpokit_dense: what fit runs on the CPU: dense block-diagonal mask, full logits, no checkpointing,
@@ -32,7 +32,7 @@ from grpokit.bench.generate import device_name
 from grpokit.bench.shapes import build_model, model_folder
 from grpokit.bench.timing import peak_gib, reset_peak, timed
 from grpokit.bench.trainer import bench_policy, micro_batch, packed_batch, sample_with_policy
-from grpokit.trainer.logprobs import packed_attention_mask
+from grpokit.common.logprobs import packed_attention_mask
 from grpokit.types import TrainingBatch
 
 

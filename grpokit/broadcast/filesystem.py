@@ -128,9 +128,11 @@ class FilesystemBroadcast(WeightBroadcast):
         steps = [int(p.name[5:]) for p in self.root.glob("step_*") if p.name[5:].isdigit() and (p / STABLE).exists()]
         return sorted(steps)
 
-    def poll(self, after_step: int) -> WeightUpdate | None:
+    def poll(self, after_step: int, upto: int | None = None) -> WeightUpdate | None:
         self.acknowledge(after_step)  # before listing: the writer keeps every step newer than this
         for step in reversed(self.stable_steps()):
+            if upto is not None and step > upto:
+                continue
             if step <= after_step:
                 return None
             try:

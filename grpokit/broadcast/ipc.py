@@ -111,11 +111,11 @@ class IPCBroadcast(WeightBroadcast):
         )
         self._prune(update.step)
 
-    def poll(self, after_step: int) -> WeightUpdate | None:
+    def poll(self, after_step: int, upto: int | None = None) -> WeightUpdate | None:
         if not self.index_dir.exists():
             return None
         steps = sorted(int(p.stem[5:]) for p in self.index_dir.glob("step_*.json") if p.stem[5:].isdigit())
-        for step in reversed(steps):
+        for step in reversed([s for s in steps if upto is None or s <= upto]):
             if step <= after_step:
                 return None
             try:

@@ -16,9 +16,11 @@ A header the engine cannot validate stops the receiver (the byte stream can no l
 the next `poll` raises, rather than serve stale weights quietly.
 
 Departures from the WeightBroadcast contract and things to know:
-- `poll` never blocks: a daemon thread on the engine joins the group, receives, and fills a single
-  "newest complete update" slot; `poll` hands that out if it is newer. Intermediate steps the engine
-  did not poll in time are dropped, as the contract allows.
+- `poll` never blocks: a daemon thread on the engine joins the group, receives, and keeps each complete
+  update; `poll(after_step, upto)` hands out the newest in (after_step, upto] and forgets every step
+  <= after_step (the engine holds a newer one). Steps between the engine's and the newest stay until
+  the engine passes them, so the deterministic schedule (upto) can load an older step than the newest;
+  polled without `upto`, only the newest is loaded and the rest is forgotten at the next poll.
 - The first `publish` blocks until the engine has called `poll` once (it joins the group then), for
   at most `timeout` seconds. Each `publish` returns once all buckets have been broadcast.
 - backend "nccl" needs a CUDA device on both ends and a different GPU per rank (NCCL rejects two
@@ -212,7 +214,7 @@ class NCCLBroadcast(WeightBroadcast):
         self.bucket_bytes = bucket_mb << 20
         self.rank: int | None = None
         self._pg = self._store = self._device = self._thread = self._error = None
-        self._latest: WeightUpdate | None = None
+        self._received: dict[int, WeightUpdate] = {}  # complete updates not yet passed by the engine, by step
         self._lock = threading.Lock()
         self._closing = threading.Event()
 
@@ -329,7 +331,7 @@ class NCCLBroadcast(WeightBroadcast):
 
     # -- engine (rank 1) ---------------------------------------------------------------------------
 
-    def poll(self, after_step: int) -> WeightUpdate | None:
+    def poll(self, after_step: int, upto: int | None = None) -> WeightUpdate | None:
         self._take_role(1)
         if self._thread is None:
             self._thread = threading.Thread(target=self._receive_loop, name="NCCLBroadcast-recv", daemon=True)
@@ -337,8 +339,10 @@ class NCCLBroadcast(WeightBroadcast):
         with self._lock:
             if self._error is not None:
                 raise RuntimeError(f"NCCLBroadcast receiver stopped: {self._error}") from self._error
-            latest = self._latest
-        return latest if latest is not None and latest.step > after_step else None
+            for step in [s for s in self._received if s <= after_step]:
+                del self._received[step]
+            steps = [s for s in self._received if upto is None or s <= upto]
+            return self._received[max(steps)] if steps else None
 
     @property
     def receiving(self) -> bool:
@@ -355,7 +359,7 @@ class NCCLBroadcast(WeightBroadcast):
                     log.info("NCCLBroadcast: trainer closed the broadcast")
                     return
                 with self._lock:
-                    self._latest = update
+                    self._received[update.step] = update
         except Exception as e:
             if not self._closing.is_set():
                 log.error("NCCLBroadcast receiver stopped: %s", e)

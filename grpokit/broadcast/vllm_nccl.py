@@ -36,6 +36,7 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
 
     vllm_worker_extension = WORKER_EXTENSION  # `grpokit infer` starts vLLM with it
     applies_norm_weights = True  # the worker loads QeRL's noisy norms into vLLM's model with each update
+    keeps_steps = False  # the worker applies each step as it arrives: no older step to pick (data.deterministic)
     observable = True  # `poll` is an HTTP call into vLLM's worker (the receiver), made by the orchestrator
 
     def __init__(
@@ -64,7 +65,12 @@ class VLLMNCCLBroadcast(NCCLBroadcast):
         self._joined, self._last_warning = False, 0.0
         self.last_applied: dict | None = None
 
-    def poll(self, after_step: int) -> WeightUpdate | None:
+    def poll(self, after_step: int, upto: int | None = None) -> WeightUpdate | None:
+        if upto is not None:
+            raise ValueError(
+                "VLLMNCCLBroadcast applies each step inside vLLM as it arrives and cannot load an older one: "
+                "set data.deterministic: false, or use broadcast: FilesystemBroadcast"
+            )
         try:
             if not self._joined:
                 settings = {

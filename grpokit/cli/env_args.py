@@ -21,7 +21,7 @@ from jsonargparse import Namespace
 from grpokit.cli.recipe_files import CONFIG_FLAGS, read_recipe_file, recipe_flags
 
 ENV_KEYS = ("data.env", "data.eval.env")
-ARG_FIELDS = ("args", "env_args")  # the taskset's config, and its verifiers Env's (grpokit.orchestrator.episode_env)
+ARG_FIELDS = ("args", "env_args")  # the taskset's config, and its verifiers Env's (grpokit.environments.episode_env)
 
 
 def reset_carried_env_args(argv: list[str], config: Namespace) -> list[str]:

@@ -85,15 +85,14 @@ def load_causal_lm(
     """Load the causal LM for `name` (alias, HF id or path).
 
     With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
-    `device` (grpokit.trainer.quantization); otherwise `device` is ignored and the model loads on the CPU.
+    `device` (nf4_config; the trainer checks bitsandbytes first, grpokit.trainer.quantization); otherwise
+    `device` is ignored and the model loads on the CPU.
     """
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name)
     kwargs = {}
     if quantization is not None:
-        from grpokit.trainer.quantization import nf4_config
-
         kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -104,6 +103,19 @@ def load_causal_lm(
             f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model "
             f"to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}"
         ) from e
+
+
+def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
+    """transformers' BitsAndBytesConfig for a 4-bit NF4 base with double quantization of the scales.
+    Here, not in the trainer, because loading is common's: `load_causal_lm(quantization="nf4")` uses it."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
 
 
 def load_tokenizer(name: str):

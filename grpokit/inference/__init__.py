@@ -192,9 +192,9 @@ class InferenceEngine(ABC):
         max_model_len); None when it cannot say. The orchestrator checks max_tokens and prompts against it."""
         return None
 
-    def served_weight_step(self) -> int:
+    def served_weight_step(self, upto: int | None = None) -> int:
         """The step of the weights the engine's servers hold, each after loading the newest published
-        one (engines with `servers_load_weights`)."""
+        one (up to step `upto`, when given: data.deterministic) (engines with `servers_load_weights`)."""
         raise NotImplementedError(f"{type(self).__name__} has no servers that load weights themselves")
 
     def weights_sha256(self) -> str:

@@ -1,7 +1,7 @@
 """The builtin engine's prefix KV cache: the keys and values of finished completions, reused by later
 prompts that extend them, so that a multi-turn conversation's next turn prefills only its new tokens.
 
-A multi-turn rollout sends each conversation's whole token ids every turn (grpokit.orchestrator.multi_turn):
+A multi-turn rollout sends each conversation's whole token ids every turn (grpokit.environments.multi_turn):
 turn t's prompt is turn t-1's prompt + completion + the environment's tokens. Without this cache the
 plain sampler prefills all of it again, so turn t re-runs the prefill of every earlier turn.
 

@@ -109,6 +109,11 @@ class RemoteEngine(InferenceEngine):
         self._model: str | None = None  # the model name setup got, for the tokenizer's vocabulary
         self.weight_step = -1
         self.server_weight_step = -1
+        # data.deterministic (grpokit.orchestrator.weights.WeightSchedule sets it): each request to a grpokit
+        # server asks for weights of at most `weight_step` (`max_weight_step`), so no server samples with
+        # newer weights than the schedule names though the trainer has published them
+        self.pin_weights = False
+        self._grpokit_servers: set[str] = set()  # servers whose GET /v1/weights answered a weight_step
         self._runs_checked: set[str] = set()  # servers whose run (GET /v1/weights) was checked against run_name
         self._run_lock = threading.Lock()
         self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
@@ -125,10 +130,13 @@ class RemoteEngine(InferenceEngine):
     def load_weights(self, update: WeightUpdate) -> None:
         self.weight_step = update.step  # the servers load the same update from the broadcast themselves
 
-    def served_weight_step(self) -> int:
-        """The oldest weights any server holds (each loads the newest published step first): every server
-        samples with weights of at least this step."""
-        return min(self._weight_step_of(url) for url in self.base_urls)
+    def served_weight_step(self, upto: int | None = None) -> int:
+        """The oldest weights any server holds (each loads the newest published step first, or the newest
+        up to `upto`): every server samples with weights of at least this step."""
+        return min(self._weight_step_of(url, upto) for url in self.base_urls)
+
+    def _weights_endpoint(self, upto: int | None) -> str:
+        return "weights" if upto is None else f"weights?max_weight_step={int(upto)}"
 
     def _check_run(self, url: str) -> None:
         """Once per server, before its first request (the worker threads wait for the one that asks):
@@ -137,10 +145,13 @@ class RemoteEngine(InferenceEngine):
         with self._run_lock:
             if url in self._runs_checked:
                 return
+            upto = max(self.weight_step, 0) if self.pin_weights else None
             try:
-                answer = json.loads(self._call(url, "weights"))
+                answer = json.loads(self._call(url, self._weights_endpoint(upto)))
             except (RemoteError, json.JSONDecodeError):
                 answer = None
+            if isinstance(answer, dict) and _is_int(answer.get("weight_step")):
+                self._grpokit_servers.add(url)
             self._refuse_other_run(url, answer.get("run") if isinstance(answer, dict) else None)
 
     def _refuse_other_run(self, url: str, run) -> None:
@@ -153,9 +164,9 @@ class RemoteEngine(InferenceEngine):
             )
         self._runs_checked.add(url)
 
-    def _weight_step_of(self, url: str) -> int:
+    def _weight_step_of(self, url: str, upto: int | None = None) -> int:
         try:
-            raw = self._call(url, "weights")
+            raw = self._call(url, self._weights_endpoint(upto))
         except RemoteError as e:
             if e.code != 404:
                 raise
@@ -175,6 +186,7 @@ class RemoteEngine(InferenceEngine):
                 f"inference server {url} answered {raw[:200]!r} to GET /v1/weights: no integer weight_step"
             )
         self._refuse_other_run(url, run)
+        self._grpokit_servers.add(url)
         return step
 
     def _vocabulary(self) -> int | None:
@@ -217,9 +229,31 @@ class RemoteEngine(InferenceEngine):
         self._vocabulary()
         bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
         urls = [self.next_url() for _ in bodies]
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            answers = list(pool.map(self._post, zip(urls, bodies)))
+        if self.pin_weights:
+            answers = self._post_in_order(list(zip(urls, bodies)))
+        else:
+            with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+                answers = list(pool.map(self._post, zip(urls, bodies)))
         return [self._group(url, answer, n, sampling) for url, answer in zip(urls, answers)]
+
+    def _post_in_order(self, requests: list[tuple[str, dict]]) -> list[dict]:
+        """The answers of `requests`, each server's sent one after another in order (the servers in parallel):
+        data.deterministic. A server answers its requests one at a time anyway, and what it computes for
+        one may depend on those before it (the builtin engine's prefix cache), so the arrival order is
+        part of what must repeat."""
+        by_url: dict[str, list[int]] = {}
+        for i, (url, _) in enumerate(requests):
+            by_url.setdefault(url, []).append(i)
+        answers: list[dict | None] = [None] * len(requests)
+
+        def post_all(indices: list[int]) -> None:
+            for i in indices:
+                answers[i] = self._post(requests[i])
+
+        with ThreadPoolExecutor(max_workers=max(1, len(by_url))) as pool:
+            for future in [pool.submit(post_all, indices) for indices in by_url.values()]:
+                future.result()
+        return answers
 
     def _group(self, url: str, answer: dict, n: int, sampling: SamplingSettings) -> list[Completion]:
         """The n completions of one prompt's answer, each checked; a ValueError names the server and the fault."""
@@ -254,6 +288,8 @@ class RemoteEngine(InferenceEngine):
             body["repetition_penalty"] = sampling.repetition_penalty
         if sampling.stop_token_ids:
             body["stop_token_ids"] = sampling.stop_token_ids
+        if self.pin_weights:  # grpokit's server: weights of at most this step (dropped for other servers)
+            body["max_weight_step"] = max(self.weight_step, 0)
         return body
 
     def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:
@@ -329,8 +365,10 @@ class RemoteEngine(InferenceEngine):
         exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s apart; longer where a Retry-After header
         asks, up to 60 s), then reported with an error naming it. Redirects are refused, never followed.
         """
-        if self.run_name is not None and endpoint != "weights" and url not in self._runs_checked:
+        if self.run_name is not None and not endpoint.startswith("weights") and url not in self._runs_checked:
             self._check_run(url)
+        if body is not None and "max_weight_step" in body and url not in self._grpokit_servers:
+            body = {k: v for k, v in body.items() if k != "max_weight_step"}  # grpokit's field: not for vLLM & co
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
             request = urllib.request.Request(

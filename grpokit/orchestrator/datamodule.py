@@ -19,13 +19,14 @@ import lightning as L
 
 from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.collectives import rank_and_world
 from grpokit.common.errors import RunDataError
 from grpokit.common.waits import WaitNotice
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.evaluation import EvalSettings
 from grpokit.orchestrator.experts import ExpertSettings
 from grpokit.orchestrator.kl_reward import KLInRewardSettings
@@ -33,8 +34,7 @@ from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.registry.advantages.group_norm import GroupNorm
-from grpokit.trainer.distributed import rank_and_world, share_batch
-from grpokit.transport import Transport, checked_step
+from grpokit.transport import Transport, checked_step, share_batch
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import TrainingBatch
 
@@ -58,6 +58,7 @@ class Orchestrator(L.LightningDataModule):
         max_prompt_tokens: int | None = None,
         packing: Literal["auto", "tokens", "prefix_tree"] = "auto",
         max_async_level: int = 1,
+        deterministic: bool = True,
         max_off_policy_steps: int = 8,
         seed: int | None = None,
         buffer: BufferSettings | None = None,
@@ -95,6 +96,11 @@ class Orchestrator(L.LightningDataModule):
                 prefix_tree for `grpokit orchestrate` only when the trainer shares prefixes: a packed-row
                 trainer would get micro-batches of up to G x seq_len tokens.
             max_async_level: how many steps the engine's weights may lag the trainer (k >= 0).
+            deterministic: sample the batch of step n with exactly the weights of step max(0, n - k), even
+                when newer ones are published, and load them into a stream at a point fixed by the
+                schedule, so two runs of a recipe and seed give the same rollouts, losses and checkpoints
+                (grpokit.orchestrator.weights.WeightSchedule). false: the newest weights as soon as they
+                are published (a little more throughput; which weights sample a batch depends on timing).
             max_off_policy_steps: groups sampled more than this many steps before the step that would
                 train on them are dropped (counted in dropped_off_policy_groups); matters when a
                 generation feeds several steps (steps_per_generation, num_iterations).
@@ -119,7 +125,7 @@ class Orchestrator(L.LightningDataModule):
                 the initial model (verl's use_kl_in_reward; grpokit.orchestrator.kl_reward); null = off.
             max_turns: the most assistant turns of a multi-turn rollout (environments with tools or a
                 `respond` method; a task's own `max_turns` wins); its tokens also fit seq_len
-                (grpokit.orchestrator.multi_turn). Single-turn environments ignore it.
+                (grpokit.environments.multi_turn). Single-turn environments ignore it.
             streaming: stream rollouts (grpokit.orchestrator.streaming): `max_inflight` groups in the
                 engine at once, new ones submitted as others finish, a step's batch the first groups that
                 pass, new weights loaded between two decode steps (`on_update`: continue or regenerate
@@ -172,6 +178,7 @@ class Orchestrator(L.LightningDataModule):
             )
         self.streaming = streaming
         self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
+        self.deterministic = deterministic
         self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
         self.max_off_policy_steps = max_off_policy_steps
         self.num_logged_samples, self.timeout, self.weights_timeout = num_logged_samples, timeout, weights_timeout
@@ -304,7 +311,7 @@ class BatchStream:
     """The trainer's dataloader: batch `step` for step = start_step, start_step + 1, ...
 
     With several trainer ranks (DDP) only rank 0 reads the transport and sends each batch to the
-    others over the trainer's process group (grpokit.trainer.distributed).
+    others over the trainer's process group (grpokit.transport.share_batch).
     """
 
     def __init__(self, orchestrator: Orchestrator) -> None:

@@ -11,10 +11,11 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import InferenceEngine, SamplingSettings
-from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.orchestrator.group_play import generate_rollouts
 from grpokit.orchestrator.prompts import PromptSampler
-from grpokit.orchestrator.rollouts import generate_rollouts
+from grpokit.orchestrator.rollouts import TurnLimits
 
 
 @dataclass
@@ -75,8 +76,9 @@ class Evaluator:
         sampling: SamplingSettings,
         run_dir: Path,
         start_step: int = 0,
+        turns: TurnLimits | None = None,
     ) -> None:
-        self.settings, self.run_dir = settings, Path(run_dir)
+        self.settings, self.run_dir, self.turns = settings, Path(run_dir), turns
         sampler = PromptSampler(envs, settings.seed)
         self.prompts = sampler.next(len(sampler.pools[0]) if settings.num_examples == -1 else settings.num_examples)
         self.sampling = replace(
@@ -92,7 +94,7 @@ class Evaluator:
         if not self.settings.due(engine.weight_step, self.last_evaluated):
             return {}
         groups = generate_rollouts(
-            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0
+            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0, turns=self.turns
         )
         rollouts = [r for g in groups for r in g]
         metrics = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpokit.orchestrator.environment import Environment
+from grpokit.environments.environment import Environment
 from grpokit.types import Rollout
 
 

@@ -15,7 +15,7 @@ single-sample estimate of KL(pi_behaviour || pi_ref) that PPO-style RLHF puts in
 The reference is the policy's initial model: the model the recipe's `model.model` names, loaded here
 once on first use (for a LoRA run that is the base model, the policy with its adapter off), frozen,
 float32, on the CPU, in the orchestrator's process. It scores the tokens on rows packed end to end
-(grpokit.trainer.logprobs.packed_token_logprobs, shared prompts run once) with the LM head only on the
+(grpokit.common.logprobs.packed_token_logprobs, shared prompts run once) with the LM head only on the
 trained completion tokens.
 
 Departures, and why:
@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_causal_lm
 from grpokit.kl import ESTIMATORS, KLEstimator
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.types import Rollout
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,21 +22,20 @@ import torch
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.timeline import record_timeline
-from grpokit.common.waits import WaitNotice
+from grpokit.environments.environment import UnscoredEnvironment
 from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
-from grpokit.orchestrator.environment import UnscoredEnvironment
+from grpokit.orchestrator.driver import RolloutDriver
 from grpokit.orchestrator.evaluation import Evaluator
 from grpokit.orchestrator.experts import expert_rollouts
 from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
 from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
-from grpokit.orchestrator.prompt_length import prompt_token_limit, split_by_length
+from grpokit.orchestrator.prompt_length import prompt_token_limit
 from grpokit.orchestrator.prompts import PromptSampler
-from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
+from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.orchestrator.stats import batch_metrics
-from grpokit.orchestrator.streaming import StreamingRollouts
-from grpokit.orchestrator.weights import weight_source
+from grpokit.orchestrator.weights import WeightSchedule
 from grpokit.types import Rollout, TrainingBatch
 
 if TYPE_CHECKING:
@@ -85,7 +84,17 @@ class RolloutLoop:
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
         self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
         self.pack_trees = config.packing == "prefix_tree" or (config.packing == "auto" and trainer_shares_prefixes)
-        self.weights = weight_source(engine, broadcast)  # the broadcast, or the servers when only they may poll it
+        self.schedule = WeightSchedule(
+            engine,
+            broadcast,
+            config.max_async_level,
+            self.shape.steps_per_rollout_generation,
+            config.deterministic,
+            config.weights_timeout or config.timeout,
+            "data.weights_timeout" if config.weights_timeout else "data.timeout",
+        )
+        if hasattr(engine, "pin_weights"):  # RemoteEngine: a whole-batch request asks for at most the step held
+            engine.pin_weights = config.deterministic and config.streaming is None
         scored, eval_envs = config.prepare(tokenizer)
         self.envs = [UnscoredEnvironment(env) for env in scored] if config.buffer.skip_verification else scored
         self.pools = self._restored_pools(restore_buffer)
@@ -98,7 +107,12 @@ class RolloutLoop:
         self.evaluator = None
         if config.eval_settings:
             self.evaluator = Evaluator(
-                config.eval_settings, eval_envs or scored, config.sampling, self.run_dir, start_step
+                config.eval_settings,
+                eval_envs or scored,
+                config.sampling,
+                self.run_dir,
+                start_step,
+                TurnLimits(config.max_turns, config.seq_len),
             )
         self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
         if config.kl_in_reward is not None:
@@ -107,7 +121,7 @@ class RolloutLoop:
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
         self.announce = False  # `grpokit orchestrate`: log each batch sent and a long wait for weights
         self.generation: Generation | None = None  # the newest generation sampled
-        self.streaming = StreamingRollouts(self, config.streaming) if config.streaming is not None else None
+        self.driver = RolloutDriver(self, config.streaming)  # whole-batch or streamed: the one producer
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
         config = self.config
@@ -154,8 +168,7 @@ class RolloutLoop:
                         m["gen_time"],
                     )
         finally:
-            if self.streaming is not None:
-                self.streaming.close()
+            self.driver.close()
 
     def make_batch(self, step: int) -> TrainingBatch:
         """The batch of `step`: its share of its generation's groups, advantages, filter flags, metrics, packed."""
@@ -183,7 +196,7 @@ class RolloutLoop:
             dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
             **(gen.eval_metrics if fresh else {}),
         )
-        if self.streaming is not None:  # rollouts whose tokens came from more than one weight step
+        if self.config.streaming is not None:  # rollouts whose tokens came from more than one weight step
             metrics["mixed_weight_rollouts"] = sum(r.token_steps is not None for r in all_rollouts) / len(all_rollouts)
         self._log_samples(step, all_rollouts)
         temperature = self.temperature(index) or 1.0
@@ -197,13 +210,11 @@ class RolloutLoop:
         """Generation `index`, sampled once (after waiting for fresh enough weights) and reused by each
         step it feeds (steps_per_generation, num_iterations)."""
         if self.generation is None or self.generation.index != index:
-            first_step = index * self.shape.steps_per_rollout_generation
-            if self.streaming is None:  # streaming keeps decoding while it waits (its groups wait instead)
-                self.wait_for_weights(max(0, first_step - self.config.max_async_level))
+            if self.config.streaming is None:  # a stream keeps decoding while it waits (its groups wait instead)
+                self.wait_for_weights(self.schedule.needed(index))
             eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
             start = time.perf_counter()
-            select = self.streaming.select_groups if self.streaming is not None else self.select_groups
-            generated, kept, too_long = select(index)
+            generated, kept, too_long = self.driver.select_groups(index)
             self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
         return self.generation
 
@@ -232,43 +243,6 @@ class RolloutLoop:
         metrics["packing_efficiency"] = positions / max(len(micro_batches) * config.seq_len, 1)
         return micro_batches
 
-    def select_groups(self, generation: int) -> tuple[list[list[Rollout]], list[list[Rollout]], int]:
-        """(every group sampled for `generation`, the groups it trains on, the prompts skipped as too
-        long), per the buffer rules.
-
-        Each generation owns a fixed block of `rounds * prompts` prompts and each round its own seed, so
-        a generation's prompts and samples are a function of its index (a resumed run continues exactly).
-        With one step per generation (the default) the generation index is the step.
-        """
-        config = self.config
-        num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
-        num_sampled = self.prompts_per_block()
-        generated, kept, too_long = [], [], 0
-        for round_ in range(config.buffer.rounds):
-            block = generation * config.buffer.rounds + round_
-            seed = self.block_seed(block)
-            sampling = replace(config.sampling, seed=seed, temperature=self.temperature(generation))
-            taken = self.prompts.take(block, num_sampled)
-            prompts, prompt_ids, skipped = split_by_length(self.tokenizer, taken, self.prompt_limit)
-            too_long += skipped
-            groups = generate_rollouts(
-                self.engine,
-                self.tokenizer,
-                prompts,
-                config.rollouts_per_example,
-                sampling,
-                block * num_sampled,
-                prompt_ids,
-                TurnLimits(config.max_turns, config.seq_len),
-            )
-            for (env, ex), group in zip(prompts, groups) if self.pools is not None else ():
-                self.pools.observe(generation, self.prompts.key_of(env, ex), sum(r.reward for r in group) / len(group))
-            generated += groups
-            kept += [g for g in groups if config.buffer.keep([r.reward for r in g])]
-            if len(kept) >= num_prompts:
-                break
-        return generated, kept[:num_prompts], too_long
-
     def prompts_per_block(self) -> int:
         """Prompts a block of the prompt order holds: a generation's prompts, times buffer.oversampling_factor."""
         num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
@@ -285,41 +259,9 @@ class RolloutLoop:
             return config.temp_scheduler.at(generation, -(-self.max_steps // self.shape.steps_per_rollout_generation))
         return 1.0 if config.sampling.temperature is None else config.sampling.temperature
 
-    def wait_for_weights(self, min_step: int) -> None:
-        """Load the newest published weights (or learn the step the servers hold); block until they are
-        at least `min_step`."""
-        timeout = self.config.weights_timeout or self.config.timeout
-        key = "data.weights_timeout" if self.config.weights_timeout else "data.timeout"
-        deadline = time.monotonic() + timeout
-        notice = WaitNotice(
-            f"waiting for the trainer's weights of step >= {min_step} ({type(self.broadcast).__name__}); "
-            f"the engine holds step {self.engine.weight_step}"
-        )
-        while True:
-            update = self.weights.poll(self.engine.weight_step)
-            if update is not None:
-                self.engine.load_weights(update)
-            if self.engine.weight_step >= min_step:
-                return
-            if self.stopping.is_set():
-                raise RuntimeError("orchestrator stopped while waiting for weights")
-            if self.announce:
-                notice.tick()
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no weights of step >= {min_step} after {timeout:.0f}s ({key}): "
-                    "is the trainer (`grpokit train`) running and publishing through the same "
-                    f"broadcast ({type(self.broadcast).__name__}){self._source_hint()}?"
-                )
-            time.sleep(0.05)
-
-    def _source_hint(self) -> str:
-        if self.weights is self.broadcast:
-            return ""
-        return (
-            " to the server (`grpokit infer`: only it may poll this broadcast, "
-            f"so the orchestrator asks it; it holds step {self.engine.weight_step})"
-        )
+    def wait_for_weights(self, step: int) -> None:
+        """Block until the engine holds the weights of `step` (grpokit.orchestrator.weights.WeightSchedule)."""
+        self.schedule.wait(step, self.stopping, self.announce, self.driver.load)
 
     def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
         with open(self.run_dir / "samples.jsonl", "a") as f:

@@ -27,8 +27,8 @@ import random
 from pathlib import Path
 
 from grpokit.common.io import atomic_write_text
+from grpokit.environments.environment import Environment, Example
 from grpokit.orchestrator.buffer import BufferSettings
-from grpokit.orchestrator.environment import Environment, Example
 
 POOLS = ("easy", "hard")
 

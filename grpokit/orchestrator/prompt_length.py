@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from grpokit.orchestrator.environment import Environment, Example
+from grpokit.environments.environment import Environment, Example
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from grpokit.orchestrator.environment import Environment, Example
+from grpokit.environments.environment import Environment, Example
 
 Item = tuple[Environment, Example]
 

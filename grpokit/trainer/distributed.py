@@ -5,7 +5,7 @@ Design, for a step with M micro-batches on W ranks:
 - Rank 0 alone reads the batch from the transport (a ZMQ PULL socket can be bound once, and PUSH would
   deal messages out round-robin; the filesystem transport deletes old files as it reads) and broadcasts
   it to the other ranks over the trainer's process group, as the same safetensors bytes the transport
-  carries (no pickle). One reader keeps every transport unchanged.
+  carries (no pickle; grpokit.transport.share_batch). One reader keeps every transport unchanged.
 - Rank r trains micro-batches r, r + W, r + 2W, ... A rank left without one (M < W) runs the step's last
   micro-batch with its loss mask zeroed: its gradient is exactly 0, and its backward still joins DDP's
   all-reduce, which every rank must reach once per step.
@@ -22,47 +22,12 @@ Design, for a step with M micro-batches on W ranks:
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
-from grpokit.transport.codec import decode_batch, encode_batch
-from grpokit.types import MicroBatch, TrainingBatch
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(this process's rank, number of trainer processes); (0, 1) outside a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def collective_device() -> torch.device:
-    """Where collective buffers live: the current CUDA device under NCCL, else the CPU (gloo)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def broadcast_bytes(data: bytes | None) -> bytes:
-    """Rank 0's `data` on every rank (the others pass None)."""
-    device, root = collective_device(), dist.get_rank() == 0
-    length = torch.tensor([len(data) if root else 0], dtype=torch.int64, device=device)
-    dist.broadcast(length, src=0)
-    if root:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buffer = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(buffer, src=0)
-    return data if root else buffer.cpu().numpy().tobytes()
-
-
-def share_batch(batch: TrainingBatch | None) -> TrainingBatch:
-    """Rank 0's batch on every rank: rank 0 passes the batch it received, the others None."""
-    raw = broadcast_bytes(encode_batch(batch) if batch is not None else None)
-    return batch if batch is not None else decode_batch(raw)
+from grpokit.common.collectives import all_gather_json
+from grpokit.types import MicroBatch
 
 
 def rank_share(
@@ -83,20 +48,6 @@ def zero_loss(mb: MicroBatch) -> MicroBatch:
     """`mb` with its loss mask, expert mask and advantages zeroed: its gradient is exactly 0."""
     zeros_T = torch.zeros_like(mb.loss_mask_T)
     return replace(mb, loss_mask_T=zeros_T, expert_mask_T=zeros_T, advantages_T=torch.zeros_like(mb.advantages_T))
-
-
-def all_gather_json(obj) -> list:
-    """`obj` (JSON-serialisable) from every rank, in rank order."""
-    device, world = collective_device(), dist.get_world_size()
-    raw = json.dumps(obj).encode()
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([len(raw)], dtype=torch.int64, device=device))
-    longest = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
-    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
-    buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
-    dist.all_gather(buffers, mine)
-    return [json.loads(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(buffers, sizes)]
 
 
 def gather_step(

@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 
 from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_dtype
+from grpokit.common.varlen import use_varlen
 from grpokit.trainer.fsdp import shard_model
 from grpokit.trainer.lora import LoraSettings, add_lora
 from grpokit.trainer.quantization import check_nf4
-from grpokit.trainer.varlen import use_varlen
 
 
 def uses_varlen(attention: str, device: torch.device) -> bool:
-    """model.attention: varlen, or auto on CUDA (per-sequence flash attention, grpokit.trainer.varlen)."""
+    """model.attention: varlen, or auto on CUDA (per-sequence flash attention, grpokit.common.varlen)."""
     return attention == "varlen" or (attention == "auto" and device.type == "cuda")
 
 
@@ -38,7 +38,7 @@ def chunk_size(setting: int | None, device: torch.device) -> int:
 
 
 def set_attention(lm: torch.nn.Module, attention: str, device: torch.device) -> torch.nn.Module:
-    """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.trainer.varlen)."""
+    """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.common.varlen)."""
     if uses_varlen(attention, device):
         use_varlen(lm)
     return lm

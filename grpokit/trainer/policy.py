@@ -18,17 +18,18 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from grpokit.common.collectives import rank_and_world
 from grpokit.common.graph_capture import capture_lock
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_causal_lm, parse_dtype
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.common.timeline import record_timeline
 from grpokit.loss import Loss, LossInputs, check_experts, checked_output
 from grpokit.noise import NoiseScheduler
 from grpokit.registry.losses.aipo import AIPO
-from grpokit.trainer.distributed import gather_step, rank_and_world, rank_share
+from grpokit.trainer.distributed import gather_step, rank_share
 from grpokit.trainer.fsdp import is_fsdp, is_sharded
 from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.lora import LoraSettings
 from grpokit.trainer.lr_schedule import check_optimizer_settings, lr_factor
 from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
@@ -92,10 +93,10 @@ class Policy(L.LightningModule):
                 its logprobs of each micro-batch's tokens, at the sampling temperature, reach the loss as
                 teacher_logprobs_T (AIPO's teacher_tau). Loaded once on first use, eval mode, no gradient.
             attention: how packed sequences are kept apart: "varlen" (per-sequence flash attention from
-                cumulative lengths, grpokit.trainer.varlen; no [T, T] mask), "dense" (block-diagonal [T, T] mask),
+                cumulative lengths, grpokit.common.varlen; no [T, T] mask), "dense" (block-diagonal [T, T] mask),
                 "auto" = varlen on CUDA, dense on CPU.
             logprob_chunk_size: tokens per chunk when computing log-probabilities from the final hidden
-                states (never a full [tokens, vocab] float32 tensor; grpokit.trainer.logprobs.chunked_logprobs);
+                states (never a full [tokens, vocab] float32 tensor; grpokit.common.logprobs.chunked_logprobs);
                 0 = full logits; null = 2048 on CUDA, 0 on CPU.
             compile: torch.compile each decoder layer (grpokit.common.models.compile_decoder_layers); the first
                 step compiles. Measured on GPU in docs/benchmarks.md.

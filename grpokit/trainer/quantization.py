@@ -62,18 +62,6 @@ def check_policy_settings(quantization: str | None, optimizer: str, has_lora: bo
         check_optimizer(optimizer, "cpu")  # raises: paging needs CUDA (configure_optimizers checks the actual device)
 
 
-def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
-    """transformers' BitsAndBytesConfig for a 4-bit NF4 base with double quantization of the scales."""
-    from transformers import BitsAndBytesConfig
-
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=compute_dtype,
-    )
-
-
 def check_nf4(device: torch.device | str) -> None:
     """Quantize and dequantize a 64 x 64 block on `device`; raise RuntimeError with the fix if bitsandbytes cannot."""
     bnb = require_bitsandbytes("model.quantization", "nf4")

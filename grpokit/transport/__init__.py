@@ -9,7 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from grpokit.common.collectives import broadcast_bytes
 from grpokit.common.errors import RunDataError
+from grpokit.transport.codec import decode_batch, encode_batch
 from grpokit.types import TrainingBatch
 
 
@@ -60,3 +62,11 @@ def checked_step(batch: TrainingBatch, step: int, transport: Transport) -> Train
             f"resume the run so that the orchestrator samples step {step} again"
         )
     return batch
+
+
+def share_batch(batch: TrainingBatch | None) -> TrainingBatch:
+    """Rank 0's batch on every trainer rank: rank 0 passes the batch it received, the others None. It
+    travels as the bytes a transport carries (codec.py), so only rank 0 reads the transport
+    (grpokit.trainer.distributed says why)."""
+    raw = broadcast_bytes(encode_batch(batch) if batch is not None else None)
+    return batch if batch is not None else decode_batch(raw)

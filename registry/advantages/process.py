@@ -10,7 +10,7 @@ end_i^k, and R the step rewards of every rollout of the group:
 
 so a token's advantage is the normalised reward of its own step plus that of every later step; tokens
 after a rollout's last step end get 0. Environments report steps through a task method
-`step_rewards(reply)` (grpokit.orchestrator.environment); the orchestrator maps their character ends to tokens.
+`step_rewards(reply)` (grpokit.environments.environment); the orchestrator maps their character ends to tokens.
 
 Departures: std is the population std (as GroupNorm), and a group whose step rewards are all equal (or
 that has none) gets exactly 0. The outcome reward is not used, as in DeepSeekMath's process
@@ -53,7 +53,7 @@ class Process(Advantage):
                 raise ValueError(
                     f"Process (data.advantage) needs step rewards, and environment {r.env_id!r} "
                     "reports none: give its task a step_rewards(reply) method returning (end "
-                    "character, reward) per step (see grpokit/orchestrator/environment.py), "
+                    "character, reward) per step (see grpokit/environments/environment.py), "
                     "or choose another data.advantage"
                 )
         if not rollouts:

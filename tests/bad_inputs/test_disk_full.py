@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
-from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.trainer.checkpoint import Checkpointer, CheckpointSettings
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import WeightUpdate
+from tests.support import assert_same_batch, make_training_batch
 
 
 class SmallDisk:

@@ -1,6 +1,6 @@
 """What an engine may hand back that is not a normal completion: no tokens at all, NaN or infinite
 logprobs, mismatched lengths, an answer that is not JSON. The peer is a real loopback HTTP server
-(grpokit.testing.ScriptedServer) answering RemoteEngine's requests."""
+(tests.support.ScriptedServer) answering RemoteEngine's requests."""
 
 import math
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
-from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.orchestrator.group_play import generate_rollouts
 from grpokit.orchestrator.packing import pack
-from grpokit.orchestrator.rollouts import generate_rollouts
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.registry.advantages.group_norm import GroupNorm
-from grpokit.testing import ScriptedServer
+from tests.support import ScriptedServer
 
 
 def choice(index: int, token_ids: list[int], logprobs: list[float]) -> dict:

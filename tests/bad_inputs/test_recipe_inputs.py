@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from grpokit.cli import make_cli
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.main import entry, main
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")

@@ -1,7 +1,6 @@
 """A reward function that raises or returns NaN, inf, None, a str, a bool or a value past 1e6 stops the run
 with an error naming the environment and example; what the run wrote before stays whole."""
 
-import csv
 import json
 import re
 import sys
@@ -10,10 +9,11 @@ import textwrap
 import pytest
 import torch
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.main import entry, main
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
+from tests.support import read_metrics
 
 BAD_REWARD_ENV = '''
 """A taskset whose reward is what the reply asks for ("raise", "nan", "inf", "none", "str", "bool", "huge";
@@ -130,7 +130,7 @@ def test_a_reward_that_breaks_mid_run_stops_it_and_leaves_earlier_files_whole(tm
     ):
         main(argv)
     run = tmp_path / "breaks"
-    assert [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")] == [0, 1]
+    assert [int(r["step"]) for r in read_metrics(run)] == [0, 1]
     assert [decode_batch((run / "rollouts" / f"step_{s}.safetensors").read_bytes()).step for s in (0, 1)] == [0, 1]
     assert not (run / "rollouts" / "step_2.safetensors").exists()
     for step in (1, 2):  # the checkpoints written before the failure load
@@ -174,8 +174,7 @@ def test_a_bad_reward_stops_fit_before_any_step_trains(tmp_path, tiny_model, bad
     assert re.search(r"grpokit: error: environment 'bad-reward-env' example \d+: " + message, err), err[-3000:]
     assert "Traceback" not in err
     assert "orchestrator failed" not in caplog.text and "Traceback" not in caplog.text
-    metrics = tmp_path / "bad" / "metrics.csv"  # no step trained
-    assert not metrics.exists() or not [r for r in csv.DictReader(open(metrics)) if r.get("loss")]
+    assert not (tmp_path / "bad" / "metrics.csv").exists() or not read_metrics(tmp_path / "bad")  # no step trained
 
 
 @pytest.mark.parametrize("reply", ["steps-nan", "steps-unordered", "steps-past-end", "steps-huge", "steps-str"])

@@ -6,7 +6,6 @@ trains nothing on it.
 Run through `grpokit.main.entry` (what the console script calls) on the tiny model.
 """
 
-import csv
 import shutil
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from grpokit.main import entry
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 TRANSPORT = ["--data.transport", '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}']
 
@@ -40,7 +40,7 @@ def resumed(two_steps, tmp_path, tiny_model, damage) -> tuple[int, Path]:
 
 
 def trained_steps(run) -> list[int]:
-    return [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    return [int(r["step"]) for r in read_metrics(run)]
 
 
 def test_a_batch_file_holding_another_steps_batch_stops_the_resume(two_steps, tmp_path, tiny_model, capsys):

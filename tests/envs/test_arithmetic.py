@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.envs.arithmetic import parse_answer
-from grpokit.orchestrator.environment import Environment, EnvSpec
 
 
 def load(**args) -> Environment:

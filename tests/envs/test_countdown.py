@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec, Example
 from grpokit.envs.countdown import CountdownData, CountdownTask, CountdownTaskConfig, evaluate
-from grpokit.orchestrator.environment import Environment, EnvSpec, Example
 
 
 def load(**args) -> Environment:

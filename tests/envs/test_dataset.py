@@ -5,8 +5,8 @@ import builtins
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.envs.gsm8k import HERE
-from grpokit.orchestrator.environment import Environment, EnvSpec
 
 datasets = pytest.importorskip("datasets")
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.envs.dataset.answers import reference_answer
 from grpokit.envs.gsm8k import HERE, SYSTEM_PROMPT
 from grpokit.envs.gsm8k.generate import NUM_EVAL, NUM_TRAIN, write
-from grpokit.orchestrator.environment import Environment, EnvSpec
 
 STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = \$?(\d+)")
 OPS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "/": int.__floordiv__}

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.envs.jsonl import EXAMPLE_PATH
-from grpokit.orchestrator.environment import Environment, EnvSpec
 
 
 def load(path=EXAMPLE_PATH, **args) -> Environment:

@@ -3,10 +3,10 @@ Environment.score_conversations and the conversation's environment turn (no engi
 
 import pytest
 
+from grpokit.environments.conversation import is_multi_turn
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.envs.calculator import calculator
-from grpokit.orchestrator.conversation import is_multi_turn
-from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.testing import play
+from tests.support import play
 
 
 @pytest.mark.unit

@@ -33,7 +33,7 @@ from grpokit.main import main
 from grpokit.orchestrator.loop import check_not_from_the_future
 from grpokit.testing import free_port, tiny_fit_argv
 from grpokit.transport.codec import decode_batch
-from grpokit.types import Rollout
+from tests.support import make_rollout, read_metrics
 
 SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
@@ -50,7 +50,7 @@ WAIT = 240  # seconds any one stage may take before the test fails (never hangs)
 def trained_steps(run: Path) -> int:
     """Steps the trainer has logged (0 while metrics.csv is missing or being rewritten by a resume)."""
     try:
-        return len({r["step"] for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")})
+        return len({r["step"] for r in read_metrics(run)})
     except (OSError, csv.Error, KeyError):
         return 0
 
@@ -80,7 +80,7 @@ def kill(proc: subprocess.Popen) -> bool:
 
 def audit(run: Path, steps: int, oldest_gap: int) -> None:
     """No step lost or duplicated, no partial batch, no rollout from weights newer than its step."""
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(steps)), "each step must be trained exactly once"
     for r in rows:
         path = run / "rollouts" / f"step_{r['step']}.safetensors"
@@ -203,18 +203,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
 def test_a_batch_sampled_with_weights_newer_than_its_step_is_refused():
     """ZMQ holds no batches on disk: after a trainer restart the orchestrator samples again, and an engine
     still holding the killed trainer's newer weights would hand it rollouts from the future."""
-    rollout = Rollout(
-        example_id=0,
-        env_id="e",
-        group_id=0,
-        prompt_ids=[1],
-        completion_ids=[2],
-        completion_logprobs=[-0.5],
-        completion_mask=[1],
-        reward=0.0,
-        is_truncated=False,
-        policy_step=7,
-    )
+    rollout = make_rollout([2], policy_step=7)
     check_not_from_the_future(7, [rollout])
     with pytest.raises(
         RuntimeError,

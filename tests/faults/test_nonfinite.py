@@ -1,6 +1,5 @@
 """Numerics guard: a non-finite loss skips the optimizer step; N in a row stop the run, batch saved."""
 
-import csv
 import textwrap
 
 import pytest
@@ -11,6 +10,7 @@ from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.guards import NonFiniteError
 from grpokit.transport.codec import decode_batch
+from tests.support import read_metrics
 
 NAN_LOSS = '''
 import torch
@@ -63,7 +63,7 @@ def nan_loss_module(tmp_path, monkeypatch):
 
 def test_one_nan_step_is_skipped_and_weights_are_untouched(tmp_path, tiny_model, nan_loss_module):
     assert run(tmp_path, tiny_model, "once", [1]) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "once" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "once")
     assert [float(r["skipped_steps"]) for r in rows] == [0.0, 1.0, 1.0, 1.0]
     broadcasts = tmp_path / "once" / "broadcasts"
     after_step = {s: load_file(broadcasts / f"step_{s}" / "adapter_model.safetensors") for s in (1, 2, 3)}

@@ -2,7 +2,7 @@
 plain answers are: a chunk that is not JSON, an error event, a choice past the request's, token ids
 without their logprobs or outside the vocabulary each fail with an error naming the server; an answer
 cut short (no `[DONE]`, a choice unfinished) is continued from its tokens so far, at most max_retries
-times in a row. The peer is a real loopback HTTP server (grpokit.testing.ScriptedServer) answering raw
+times in a row. The peer is a real loopback HTTP server (tests.support.ScriptedServer) answering raw
 server-sent events."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
 from grpokit.inference.streams import GroupRequest
-from grpokit.testing import ScriptedServer, drain
+from tests.support import ScriptedServer, drain
 
 pytestmark = pytest.mark.unit
 

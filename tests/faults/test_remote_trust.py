@@ -2,7 +2,7 @@
 address), answers are checked before they become rollouts (n choices, token ids in the vocabulary, at
 most max_tokens of them, logprobs <= 0) with an error naming the server and the fault, and busy servers
 (429, 503) are retried no sooner than their Retry-After. The peer is a real loopback HTTP server
-(grpokit.testing.ScriptedServer)."""
+(tests.support.ScriptedServer)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine, RemoteError, retry_after
-from grpokit.testing import ScriptedServer
+from tests.support import ScriptedServer
 
 
 def choice(index: int, token_ids: list, logprobs: list) -> dict:

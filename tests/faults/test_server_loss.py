@@ -1,7 +1,7 @@
 """The inference server going away mid-request: RemoteEngine retries with exponential backoff, then reports.
 
 The peer is a real loopback HTTP server that drops connections or cuts answers short
-(grpokit.testing.ScriptedServer); a real `grpokit infer` process killed mid-run and restarted is
+(tests.support.ScriptedServer); a real `grpokit infer` process killed mid-run and restarted is
 tests/faults/test_kills.py.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
-from grpokit.testing import ScriptedServer
+from tests.support import ScriptedServer
 
 ANSWER = {
     "choices": [

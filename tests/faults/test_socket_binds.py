@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from grpokit.broadcast.nccl import NCCLBroadcast
-from grpokit.testing import free_port, serving
+from grpokit.testing import free_port
 from grpokit.transport.zmq import ZMQTransport
 from grpokit.types import WeightUpdate
+from tests.support import serving
 
 LOOPBACK = ("127.0.0.1", "::1")
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")

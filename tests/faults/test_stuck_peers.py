@@ -16,11 +16,11 @@ import pytest
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.environment import EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
 from grpokit.orchestrator import Orchestrator
-from grpokit.orchestrator.environment import EnvSpec
-from grpokit.testing import ScriptedServer
+from tests.support import ScriptedServer
 
 
 def test_trainer_waiting_for_a_batch_names_the_orchestrator_and_data_timeout(tmp_path):

@@ -12,8 +12,8 @@ from grpokit.bench.generate import forward_logprobs
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import BatchedStream, GroupRequest
-from grpokit.testing import drain
 from grpokit.types import WeightUpdate
+from tests.support import drain
 
 PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
 
@@ -126,7 +126,7 @@ def test_servers_stream_one_request_per_group(tiny_model):
     still sample apart, and each completion carries the step the server sampled with."""
     from grpokit.inference.remote import RemoteEngine
     from grpokit.inference.streams import ConcurrentStream
-    from grpokit.testing import serving
+    from tests.support import serving
 
     with serving(tiny_model) as (served, server):
         served.weight_step = 3

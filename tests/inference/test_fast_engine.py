@@ -12,8 +12,8 @@ import torch
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.fast.runner import ModelRunner
-from grpokit.testing import tiny_lora_update
 from grpokit.types import WeightUpdate
+from tests.support import tiny_lora_update
 
 PROMPTS = [[1, 17, 230, 99], [5, 6], [300, 301, 302, 303, 304, 305, 306], [42]]
 

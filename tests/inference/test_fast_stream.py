@@ -11,8 +11,8 @@ from grpokit.bench.generate import forward_logprobs
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.streams import GroupRequest
-from grpokit.testing import drain, tiny_lora_update
 from grpokit.types import WeightUpdate
+from tests.support import drain, tiny_lora_update
 
 PROMPTS = [[1, 520, 9531, 198], [1, 40, 1130], [1, 77, 88, 99, 1100, 12], [1, 5]]
 

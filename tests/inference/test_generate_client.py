@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from grpokit.testing import serving
+from tests.support import serving
 
 openai = pytest.importorskip("openai")
 renderers_client = pytest.importorskip("renderers.client")

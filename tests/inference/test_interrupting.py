@@ -20,8 +20,8 @@ from grpokit.inference import SamplingSettings
 from grpokit.inference.interrupting import InterruptingStream
 from grpokit.inference.remote import RemoteEngine
 from grpokit.inference.streams import ConcurrentStream, GroupRequest
-from grpokit.testing import drain, serving, slow_forwards, wait_until
 from grpokit.types import WeightUpdate
+from tests.support import drain, serving, slow_forwards, wait_until
 
 pytestmark = pytest.mark.unit
 PROMPT = [1, 520, 9531, 198]

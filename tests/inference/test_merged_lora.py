@@ -5,11 +5,11 @@ frozen tensors in co-locate fit)."""
 import pytest
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_causal_lm
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.merged_lora import MergedLoRA, mergeable
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 from grpokit.trainer.policy import LoraSettings, Policy
 

@@ -10,8 +10,8 @@ import torch
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.prefix_cache import PrefixCache, supports
-from grpokit.testing import ChatLengthEnv, ToolReplyTask
 from grpokit.types import WeightUpdate
+from tests.support import ChatLengthEnv, ToolReplyTask
 
 PROMPTS = [[1, 520, 9531, 198], [1, 4093, 198, 6004, 2, 198, 1, 520]]  # different lengths: left padding
 ENV = [[100, 200, 300], [4093, 198, 6004, 2, 9531]]  # "environment" tokens appended after turn t's reply
@@ -32,7 +32,7 @@ def settings(turn: int, **kwargs) -> SamplingSettings:
 
 def converse(engine: BuiltinEngine, turns: int = 3, n: int = 2, **kwargs) -> list[list[list]]:
     """Turn 0 samples n replies per prompt; turn t > 0 sends each conversation so far (prompt, replies,
-    environment tokens), one reply each, as grpokit.orchestrator.multi_turn does. Per turn, per
+    environment tokens), one reply each, as grpokit.environments.multi_turn does. Per turn, per
     conversation: (token ids, logprobs, is_truncated)."""
     out = engine.generate(PROMPTS, n, settings(0, **kwargs))
     convs = [list(p) for p in PROMPTS for _ in range(n)]
@@ -96,8 +96,8 @@ def test_a_batch_mixing_hits_misses_and_repeats(tiny_model, max_batch_size):
 
 def test_multi_turn_rollouts_are_the_same_with_the_cache(tiny_model):
     from grpokit.common.models import load_tokenizer
-    from grpokit.orchestrator.environment import Example
-    from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
+    from grpokit.environments.environment import Example
+    from grpokit.orchestrator.group_play import TurnLimits, generate_rollouts
 
     tokenizer = load_tokenizer("smollm2-135m")
     prompts = [

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.inference import SamplingSettings
-from grpokit.testing import serving
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 from grpokit.types import WeightUpdate
+from tests.support import serving
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
 PROMPT_IDS = [1, 520, 9531, 198]

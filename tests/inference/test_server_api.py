@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from grpokit.inference import NewTokens
-from grpokit.testing import serving
+from tests.support import serving
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
 PROMPT_IDS = [1, 520, 9531, 198]

@@ -15,7 +15,7 @@ import pytest
 
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
-from grpokit.testing import in_background, serving, slow_forwards, wait_until
+from tests.support import in_background, serving, slow_forwards, wait_until
 
 PROMPT_IDS = [1, 520, 9531, 198]
 LONG = {"prompt": PROMPT_IDS, "n": 2, "max_tokens": 400, "temperature": 1.0}  # 400 x 50 ms: 20 s uncancelled

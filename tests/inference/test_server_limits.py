@@ -22,7 +22,7 @@ import pytest
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.server.http import make_app, make_server
 from grpokit.inference.server.limits import ServerLimits
-from grpokit.testing import in_background, wait_until
+from tests.support import in_background, wait_until
 
 MESSAGES = [{"role": "user", "content": "Reverse the text: hello"}]
 PROMPT_IDS = [1, 520, 9531, 198]

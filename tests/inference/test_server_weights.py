@@ -22,13 +22,13 @@ from grpokit.broadcast.ipc import IPCBroadcast
 from grpokit.broadcast.nccl import NCCLBroadcast
 from grpokit.common.checksums import tensors_sha256
 from grpokit.common.models import load_causal_lm, load_tokenizer
+from grpokit.environments.environment import EnvSpec
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.remote import RemoteEngine, RemoteError
 from grpokit.orchestrator import Orchestrator
-from grpokit.orchestrator.environment import EnvSpec
 from grpokit.orchestrator.weights import ServedWeights, weight_source
-from grpokit.testing import serving
 from grpokit.types import WeightUpdate
+from tests.support import serving
 
 
 def get(url: str, data: bytes | None = None) -> tuple[int, dict]:
@@ -233,3 +233,26 @@ def test_an_orchestrator_refuses_a_server_of_another_run(tiny_model):
             match=r"serves run 'mpt', this orchestrator's run is 'mpx': start `grpokit infer` with --run_name mpx",
         ):
             remote.generate([[1, 2, 3]], 1, SamplingSettings(max_tokens=2))
+
+
+def test_max_weight_step_loads_the_newest_step_up_to_it_and_refuses_a_server_ahead(tiny_model, tmp_path):
+    """data.deterministic: a request's `max_weight_step` (and GET /v1/weights?max_weight_step=N) loads the
+    newest published step up to N though newer ones are published; a server already holding a newer step
+    answers 409 naming both (it cannot sample with the scheduled weights any more)."""
+    trainer, reader = FilesystemBroadcast(keep_last=10), FilesystemBroadcast()
+    trainer.setup(tmp_path)
+    reader.setup(tmp_path)
+    body = {"prompt": [1, 520, 9531, 198], "max_tokens": 4, "temperature": 0}
+    with serving(tiny_model, reader) as (engine, server):
+        for step in (1, 2, 3):
+            trainer.publish(lora_update(tiny_model, step))
+        status, answer = post(server.url + "/completions", {**body, "max_weight_step": 1})
+        assert status == 200 and answer["weight_step"] == 1 == engine.weight_step
+        assert get(server.url + "/weights?max_weight_step=2")[1]["weight_step"] == 2
+        status, answer = post(server.url + "/completions", {**body, "max_weight_step": 1})
+        assert status == 409 and answer["error"]["param"] == "max_weight_step", answer
+        assert "already holds the weights of step 2" in answer["error"]["message"]
+        assert get(server.url + "/weights?max_weight_step=x")[0] == 400
+        assert post(server.url + "/completions", {**body, "max_weight_step": -1})[0] == 400
+        status, answer = post(server.url + "/completions", body)  # no bound: the newest
+        assert status == 200 and answer["weight_step"] == 3

@@ -17,8 +17,8 @@ from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.inference import SamplingSettings
 from grpokit.inference.streams import GroupRequest
 from grpokit.inference.vllm.engine import VLLMEngine
-from grpokit.testing import drain, wait_until
 from grpokit.types import WeightUpdate
+from tests.support import drain, wait_until
 
 
 class StubVLLM(BaseHTTPRequestHandler):

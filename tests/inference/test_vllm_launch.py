@@ -15,7 +15,8 @@ import pytest
 from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.inference.vllm.launch import _sigterm_interrupts, start_for_fit
 from grpokit.inference.vllm.server import VLLMServe, check_port_free
-from grpokit.testing import free_port, process_group_gone, tiny_fit_argv
+from grpokit.testing import free_port, tiny_fit_argv
+from tests.support import process_group_gone
 
 STAND_IN = """
 import http.server, json, os, subprocess, sys

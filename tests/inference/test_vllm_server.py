@@ -12,7 +12,8 @@ import time
 import pytest
 
 from grpokit.inference.vllm.server import VLLMServe, VLLMServer, lora_rank_for_vllm, serve_command, serve_env
-from grpokit.testing import process_group_gone, tiny_fit_argv
+from grpokit.testing import tiny_fit_argv
+from tests.support import process_group_gone
 
 
 def flag(command: list[str], name: str) -> str | None:

@@ -7,7 +7,6 @@ Each step has 3 micro-batches, so the ranks train 2 and 1 (an uneven share, with
 first backward).
 """
 
-import csv
 import json
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from grpokit.common.timeline import read_timeline
 from grpokit.sweep.recording import export
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
+from tests.support import read_metrics
 
 STEPS = 3
 KEEP_BATCHES = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}'
@@ -49,7 +49,7 @@ def checksums(run_dir, rank: int) -> dict[int, str]:
 
 
 def losses(run_dir) -> list[float]:
-    return [float(r["loss"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r.get("loss")]
+    return [float(r["loss"]) for r in read_metrics(run_dir)]
 
 
 def test_two_ddp_ranks_train_identically_and_match_one_process(tmp_path, tiny_model):

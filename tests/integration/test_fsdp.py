@@ -11,7 +11,6 @@ The first test runs the trainer's CUDA defaults (varlen attention, chunked logpr
 GRPOKIT_TEST_ACCELERATOR=gpu runs the same check on 2 GPUs over NCCL (bench/gpu_check_fsdp.sh).
 """
 
-import csv
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from safetensors.torch import load_file
 from grpokit.common.checksums import tensors_sha256
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
+from tests.support import read_metrics
 
 STEPS = 3
 KEEP_BATCHES = '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}'
@@ -55,11 +55,7 @@ def run(argv: list[str], log_path) -> None:
 
 
 def loss_at(run_dir, step: int) -> float:
-    return next(
-        float(r["loss"])
-        for r in csv.DictReader(open(run_dir / "metrics.csv"))
-        if r.get("loss") and int(r["step"]) == step
-    )
+    return next(float(r["loss"]) for r in read_metrics(run_dir) if int(r["step"]) == step)
 
 
 # The trainer's CUDA defaults, on the CPU: varlen attention (its CPU twin) and chunked logprobs through
@@ -179,7 +175,7 @@ def test_fsdp2_run_killed_mid_training_resumes_to_the_end(tmp_path, tiny_model):
         proc.wait()
     assert alive and not (run_dir / "checkpoints" / f"step_{steps}.ckpt").exists()  # killed mid-run
     run(argv + ["--ckpt.resume_step", "-1"], tmp_path / "resumed.log")
-    logged = [int(r["step"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r.get("loss")]
+    logged = [int(r["step"]) for r in read_metrics(run_dir)]
     assert sorted(logged) == list(range(steps))  # each step once: the resumed run rewrote the rows after its checkpoint
     assert (run_dir / "broadcasts" / f"step_{steps}" / "STABLE").exists() and (
         run_dir / "checkpoints" / f"step_{steps}.ckpt"

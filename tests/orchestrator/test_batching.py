@@ -7,6 +7,7 @@ import pytest
 from grpokit.main import main
 from grpokit.orchestrator.batching import BatchShape, resolve_batch_shape
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_defaults_and_aliases():
@@ -92,8 +93,7 @@ def test_groups_older_than_max_off_policy_steps_are_dropped(tmp_path, tiny_model
         "0",
     )
     assert main(argv) == 0
-    import csv
 
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [float(r["groups_trained"]) for r in rows] == [2.0, 2.0, 0.0, 2.0]
     assert [float(r["dropped_off_policy_groups"]) for r in rows] == [0.0, 0.0, 2.0, 0.0]

@@ -1,12 +1,11 @@
 """Buffer rules: online difficulty filtering and dynamic sampling, on crafted rewards and end to end."""
 
-import csv
-
 import pytest
 
 from grpokit.main import main
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_online_difficulty_filtering_drops_all_zero_and_all_one_groups():
@@ -46,7 +45,7 @@ def run(tmp_path, tiny_model, name, temperature):
         "0",
     )
     assert main(argv) == 0
-    return [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
+    return read_metrics(tmp_path / name)
 
 
 def test_dynamic_sampling_end_to_end(tmp_path, tiny_model):

@@ -9,13 +9,13 @@ import textwrap
 import pytest
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.chat_tokens import ChatTokens
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
-from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.environment import Environment, EnvSpec
+from grpokit.orchestrator.group_play import TurnLimits, generate_rollouts
 from grpokit.orchestrator.packing import pack
-from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
 
 # A game master Env written as verifiers' docs write one: it opens the exchange (the task's prompt is

@@ -1,16 +1,16 @@
 """Online eval: schedule on hand cases, and end to end on the tiny model."""
 
-import csv
 import json
 import re
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.main import main
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_schedule():
@@ -53,7 +53,7 @@ def test_eval_end_to_end(tmp_path, tiny_model):
     assert main(argv) == 0
     evals = [json.loads(line) for line in open(tmp_path / "r" / "eval.jsonl")]
     assert [e["eval/weight_step"] for e in evals] == [0.0, 2.0]  # synchronous: batch n uses weights n
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [r["eval/reward"] != "" for r in rows] == [True, False, True, False]  # one row per step, no carried values
 
 
@@ -80,7 +80,7 @@ def test_oversampling_samples_more_groups_and_trains_on_the_first_kept(tmp_path,
         "--data.max_async_level", "0", "--ckpt.interval", "0",
     )  # fmt: skip
     assert main(argv) == 0
-    row = next(r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss"))
+    row = read_metrics(tmp_path / "r")[0]
     assert (float(row["groups_generated"]), float(row["groups_trained"])) == (4.0, 2.0)
 
 
@@ -92,7 +92,7 @@ def test_max_steps_minus_one_trains_one_pass_over_the_data(tmp_path, tiny_model)
         "--data.eval", "null", "--ckpt.interval", "0", "--model.lr_schedule", "cosine",
     )  # fmt: skip
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [int(float(r["step"])) for r in rows] == list(range(6))
     assert float(rows[-1]["lr"]) < float(rows[0]["lr"])  # the cosine decays over the 6 steps
 

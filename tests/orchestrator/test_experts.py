@@ -4,28 +4,27 @@ import pytest
 import torch
 
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.loss import check_experts
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.experts import ExpertSettings, expert_rollouts
 from grpokit.orchestrator.packing import pack
 from grpokit.registry.losses.aipo import AIPO
 from grpokit.registry.losses.chord import Chord
 from grpokit.transport.codec import decode_batch, encode_batch
-from grpokit.types import Rollout, TrainingBatch
+from grpokit.types import TrainingBatch
+from tests.support import make_rollout
 
 
 def sampled(env, example, group_id, prompt_ids, n=3, policy_step=4):
     return [
-        Rollout(
+        make_rollout(
+            [900 + i, 901],
+            prompt_ids=prompt_ids,
+            logprobs=[-1.0, -2.0],
+            reward=0.5 * i,
+            group_id=group_id,
             example_id=example.index,
             env_id=env.name,
-            group_id=group_id,
-            prompt_ids=prompt_ids,
-            completion_ids=[900 + i, 901],
-            completion_logprobs=[-1.0, -2.0],
-            completion_mask=[1, 1],
-            reward=0.5 * i,
-            is_truncated=False,
             policy_step=policy_step - i,
         )
         for i in range(n)

@@ -1,7 +1,6 @@
 """Filters learn the policy's tokenizer when the orchestrator connects: Gibberish's defaults follow the tiny
 model's SmolLM2 vocabulary (49_152 ids), where the Qwen values it had before could never flag a rollout."""
 
-import csv
 import json
 import math
 
@@ -9,12 +8,13 @@ import pytest
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.environment import EnvSpec
 from grpokit.inference.remote import RemoteEngine
 from grpokit.main import main
 from grpokit.orchestrator import Orchestrator
-from grpokit.orchestrator.environment import EnvSpec
 from grpokit.registry.filters.gibberish import Gibberish
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def connect(tmp_path, tiny_model, filters):
@@ -57,5 +57,5 @@ def test_default_gibberish_flags_rollouts_of_the_tiny_model_in_a_fit(tmp_path, t
         "0",
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "g" / "metrics.csv")) if r.get("filter/gibberish")]
+    rows = read_metrics(tmp_path / "g", "filter/gibberish")
     assert len(rows) == 2 and sum(float(r["filter/gibberish"]) for r in rows) > 0

@@ -10,16 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_tokenizer
+from grpokit.environments.chat_tokens import ChatTokens
+from grpokit.environments.environment import Example
+from grpokit.environments.tools import parse_tool_calls, run_tool_calls
 from grpokit.inference import SamplingSettings
-from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.environment import Example
+from grpokit.orchestrator.group_play import TurnLimits, generate_rollouts
 from grpokit.orchestrator.packing import pack
-from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
-from grpokit.orchestrator.tools import parse_tool_calls, run_tool_calls
-from grpokit.testing import ChatLengthEnv, ToolReplyTask, serving
-from grpokit.trainer.logprobs import packed_token_logprobs
 from grpokit.trainer.metrics import mismatch_metrics
+from tests.support import ChatLengthEnv, ToolReplyTask, serving
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_budget_ends_a_conversation_at_a_turn_boundary(tiny_model, tokenizer):
 
 def test_single_turn_tasks_are_unchanged(tiny_model, tokenizer):
     """A task without tools or respond takes the single-turn path: no messages, no turn metrics."""
-    from grpokit.orchestrator.environment import Environment, EnvSpec
+    from grpokit.environments.environment import Environment, EnvSpec
 
     env = Environment(EnvSpec(id="reverse-text"))
     from grpokit.inference.builtin import BuiltinEngine
@@ -180,7 +180,7 @@ def test_single_turn_tasks_are_unchanged(tiny_model, tokenizer):
 
 
 def test_respond_must_return_messages(tokenizer):
-    from grpokit.orchestrator.conversation import Conversation, as_env_turn
+    from grpokit.environments.conversation import Conversation, as_env_turn
 
     conv = Conversation(SimpleNamespace(name="e"), SimpleNamespace(index=3), [], [])
     with pytest.raises(TypeError, match="respond\\(\\) returned str"):
@@ -193,8 +193,8 @@ def test_respond_must_return_messages(tokenizer):
 def test_mixed_single_and_multi_turn_prompts_keep_their_paths_and_order(tiny_model, tokenizer):
     """A step drawing from a single-turn and a multi-turn environment: each prompt takes its own path
     (single-turn step rewards kept), groups in prompt order with consecutive group ids."""
+    from grpokit.environments.environment import Environment, EnvSpec
     from grpokit.inference.builtin import BuiltinEngine
-    from grpokit.orchestrator.environment import Environment, EnvSpec
 
     engine = BuiltinEngine(device="cpu")
     engine.setup(tiny_model)
@@ -226,7 +226,7 @@ def test_a_reply_cut_at_max_tokens_earns_a_zero_turn_reward_in_a_game(tiny_model
 
 @pytest.mark.unit
 def test_respond_that_raises_names_the_environment_and_the_last_turn_runs_no_tools():
-    from grpokit.orchestrator.conversation import Conversation, environment_turn
+    from grpokit.environments.conversation import Conversation, environment_turn
 
     class Broken:
         def respond(self, messages, state):

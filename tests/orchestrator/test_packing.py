@@ -4,22 +4,11 @@ import pytest
 import torch
 
 from grpokit.orchestrator.packing import first_fit_decreasing, first_fit_decreasing_tree, num_positions, pack
-from grpokit.types import Rollout
+from tests.support import make_rollout
 
 
 def rollout(prompt_len, completion_len, reward=0.0):
-    return Rollout(
-        example_id=0,
-        env_id="e",
-        group_id=0,
-        prompt_ids=list(range(1, prompt_len + 1)),
-        completion_ids=list(range(100, 100 + completion_len)),
-        completion_logprobs=[-0.5] * completion_len,
-        completion_mask=[1] * completion_len,
-        reward=reward,
-        is_truncated=False,
-        policy_step=0,
-    )
+    return make_rollout(range(100, 100 + completion_len), prompt_ids=range(1, prompt_len + 1), reward=reward)
 
 
 def test_first_fit_decreasing_hand_case():
@@ -58,18 +47,7 @@ def test_first_fit_decreasing_tree_counts_only_the_tokens_after_a_shared_prefix(
 def test_pack_by_prefix_tree_keeps_every_rollout_once_within_seq_len_nodes():
     system = list(range(1, 31))  # GRPO-shaped: 4 prompts x 8 completions behind one 30-token system prompt
     group = [
-        Rollout(
-            example_id=p,
-            env_id="e",
-            group_id=p,
-            prompt_ids=system + [200 + p] * 6,
-            completion_ids=[300 + c] * (c % 5 + 1),
-            completion_logprobs=[-0.5] * (c % 5 + 1),
-            completion_mask=[1] * (c % 5 + 1),
-            reward=0.0,
-            is_truncated=False,
-            policy_step=0,
-        )
+        make_rollout([300 + c] * (c % 5 + 1), prompt_ids=system + [200 + p] * 6, group_id=p)
         for p in range(4)
         for c in range(8)
     ]

@@ -5,10 +5,11 @@ import random
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.buffer import BufferSettings
-from grpokit.orchestrator.environment import Environment, EnvSpec, UnscoredEnvironment
 from grpokit.orchestrator.pools import DifficultyPools, hash_key, read_log, restart_log
 from grpokit.orchestrator.prompts import PromptSampler, index_key
+from tests.support import read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,6 @@ def test_unscored_environment_rewards_zero_and_shares_examples(env):
 
 
 def fit(tmp_path, tiny_model, name, *overrides):
-    import csv
 
     from grpokit.main import main
     from grpokit.testing import tiny_fit_argv
@@ -197,7 +197,7 @@ def fit(tmp_path, tiny_model, name, *overrides):
         *overrides,
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / name)
     return rows, [json.loads(line) for line in open(tmp_path / name / "samples.jsonl")]
 
 

@@ -1,7 +1,6 @@
 """Prompts too long for a sequence are skipped and counted; a completion cap past the model's context is
 refused at start."""
 
-import csv
 import json
 import re
 
@@ -10,6 +9,7 @@ import pytest
 from grpokit.main import entry, main
 from grpokit.orchestrator.prompt_length import prompt_token_limit
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_the_limit_is_what_fits_sequence_and_context_minus_the_completion():
@@ -40,7 +40,7 @@ def test_over_long_prompts_are_skipped_and_counted(tmp_path, tiny_model, caplog)
         tmp_path, tiny_model, "r", "--data.env", env, "--trainer.max_steps", "3", "--data.max_async_level", "0"
     )
     assert main(argv) == 0  # a 300-word prompt in a 128-token sequence used to end the run
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     skipped = [float(r["prompts_too_long"]) for r in rows]
     assert len(rows) == 3 and sum(skipped) > 0 and all(s in (0, 1, 2) for s in skipped), skipped
     assert "prompt of" in caplog.text and "over the limit of 120" in caplog.text

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.main import main
-from grpokit.orchestrator.environment import Environment, EnvSpec
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.testing import tiny_fit_argv
 

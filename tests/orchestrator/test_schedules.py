@@ -1,12 +1,11 @@
 """Temperature schedules on hand-computed values, and a scheduled run end to end."""
 
-import csv
-
 import pytest
 
 from grpokit.main import main
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def test_linear_and_cosine_hand_values():
@@ -36,5 +35,5 @@ def test_scheduled_temperature_reaches_batches(tmp_path, tiny_model):
         "0",
     )
     assert main(argv) == 0
-    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv")) if r.get("loss")]
+    rows = read_metrics(tmp_path / "r")
     assert [float(r["temperature"]) for r in rows] == pytest.approx([1.2, 0.9, 0.6])

@@ -5,7 +5,6 @@ groups are dropped by their oldest token."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 
@@ -15,13 +14,14 @@ from grpokit.common.timeline import read_timeline
 from grpokit.main import main
 from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 
 def fit(tmp_path, tiny_model, name, *extra) -> tuple:
     argv = tiny_fit_argv(tmp_path, tiny_model, name, "--model.lr", "1e-3", "--trainer.max_steps", "3", *extra)
     assert main(argv) == 0
     run = tmp_path / name
-    return run, [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("loss")]
+    return run, read_metrics(run)
 
 
 def test_streaming_at_async_level_0_reproduces_whole_batch_generation(tmp_path, tiny_model):
@@ -76,7 +76,7 @@ def test_streaming_refuses_what_it_does_not_cover():
 def test_multi_turn_games_stream_turn_by_turn(tmp_path, tiny_model):
     """A multi-turn game streams: each conversation's next turn is its own request, environment tokens
     stay out of the loss (the trainer's logprobs match the engine's on the trained tokens at step 0)."""
-    from grpokit.testing import MULTI_TURN_GAME_FLAGS
+    from tests.support import MULTI_TURN_GAME_FLAGS
 
     game = [MULTI_TURN_GAME_FLAGS[0], "[{id: guess-number, args: {num_tasks: 50}}]", *MULTI_TURN_GAME_FLAGS[2:]]
     extra = ("--data.streaming", "{max_inflight: 3}", "--data.max_async_level", "0", "--data.seq_len", "400")
@@ -92,7 +92,7 @@ def test_verifiers_env_episodes_stream_each_waiting_role_as_a_request(tmp_path, 
     """verifiers' user-sim Env (the engine plays a simulated user, untrained) beside a multi-turn game,
     streamed: each waiting role's reply is a request of its own; the trained tokens are the engine's
     (the trainer's logprobs match at async 0) and the episodes run several turns."""
-    from grpokit.testing import MULTI_TURN_GAME_FLAGS
+    from tests.support import MULTI_TURN_GAME_FLAGS
 
     extra = ("--data.streaming", "{max_inflight: 3}", "--data.max_async_level", "0", "--data.seq_len", "400")
     run, rows = fit(tmp_path, tiny_model, "ep", *MULTI_TURN_GAME_FLAGS, *extra, "--data.num_logged_samples", "16")
@@ -110,7 +110,7 @@ def test_groups_are_dropped_by_their_oldest_token(tmp_path, tiny_model):
     the batch's max_off_policy_steps rule drops streamed groups by it, as it drops whole-batch ones."""
     from grpokit.inference import Completion
     from grpokit.orchestrator.rollouts import sampled_group
-    from grpokit.testing import ChatLengthEnv
+    from tests.support import ChatLengthEnv
 
     class Env(ChatLengthEnv):
         def score(self, examples, replies):

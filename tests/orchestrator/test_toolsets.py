@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from grpokit.environments.conversation import Conversation, environment_turn, is_multi_turn
+from grpokit.environments.environment import Environment, EnvSpec
+from grpokit.environments.toolsets import close_toolsets, tool_methods
 from grpokit.inference import Completion, SamplingSettings
-from grpokit.orchestrator.conversation import Conversation, environment_turn, is_multi_turn
-from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.orchestrator.toolsets import close_toolsets, tool_methods
-from grpokit.testing import ReplyEngine
+from tests.support import ReplyEngine
 
 pytestmark = pytest.mark.unit
 
@@ -253,7 +253,7 @@ def test_lifetimes_and_state_mirror_verifiers(env, mod):
 def test_a_toolset_state_of_another_type_is_copied_in_and_back():
     import verifiers.v1 as vf
 
-    from grpokit.orchestrator.toolsets import RolloutToolsets, _bound
+    from grpokit.environments.toolsets import RolloutToolsets, _bound
 
     class Mine(vf.State):
         calls: int = 0
@@ -277,7 +277,7 @@ def test_a_toolset_state_of_another_type_is_copied_in_and_back():
 def test_a_setup_that_raises_stops_the_run_naming_the_environment():
     import verifiers.v1 as vf
 
-    from grpokit.orchestrator.toolsets import tool_sources
+    from grpokit.environments.toolsets import tool_sources
 
     class Broken(vf.Toolset[vf.ToolsetConfig]):
         async def setup(self):
@@ -303,7 +303,7 @@ def test_a_setup_that_raises_stops_the_run_naming_the_environment():
 def test_duplicate_names_and_mcp_proxies_are_refused_at_load():
     import verifiers.v1 as vf
 
-    from grpokit.orchestrator.toolsets import tool_sources
+    from grpokit.environments.toolsets import tool_sources
 
     class A(vf.Toolset[vf.ToolsetConfig]):
         TOOL_PREFIX = None
@@ -345,7 +345,7 @@ class ScriptedEngine(ReplyEngine):
 
 def test_rollouts_through_generate_rollouts(env, mod):
     from grpokit.common.models import load_tokenizer
-    from grpokit.orchestrator.rollouts import TurnLimits, generate_rollouts
+    from grpokit.orchestrator.group_play import TurnLimits, generate_rollouts
 
     tokenizer = load_tokenizer("smollm2-135m")
     sampling = SamplingSettings(max_tokens=40, seed=0)
@@ -363,10 +363,10 @@ def test_rollouts_through_generate_rollouts(env, mod):
 
 
 def test_async_plain_tools_run_on_the_tool_loop():
-    """A task's plain `tools` may be `async def` too (grpokit.orchestrator.tools)."""
+    """A task's plain `tools` may be `async def` too (grpokit.environments.tools)."""
     import asyncio
 
-    from grpokit.orchestrator.tools import parse_tool_calls, run_tool_calls
+    from grpokit.environments.tools import parse_tool_calls, run_tool_calls
 
     async def lookup(key: str) -> str:
         await asyncio.sleep(0)

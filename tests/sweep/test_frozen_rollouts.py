@@ -4,7 +4,6 @@ Both variants must receive byte-identical batches (the sha256 of every batch eac
 the recording's), sample nothing, and still train differently (their losses differ).
 """
 
-import csv
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.runner import SweepRunner
 from grpokit.sweep.spec import SweepError, load_sweep
 from grpokit.testing import tiny_fit_argv
+from tests.support import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -29,10 +29,6 @@ def recipe_args(tmp_path, tiny_model) -> list[str]:
     )
     drop = {i for i, a in enumerate(argv) if a in ("--output_dir", "--run_name")}
     return [a for i, a in enumerate(argv[1:], 1) if i not in drop and i - 1 not in drop]
-
-
-def rows(path: Path) -> list[dict]:
-    return [r for r in csv.DictReader(open(path)) if r.get("loss")]
 
 
 def test_two_losses_train_on_byte_identical_recorded_batches(tmp_path, tiny_model):
@@ -64,11 +60,7 @@ def test_two_losses_train_on_byte_identical_recorded_batches(tmp_path, tiny_mode
     for run in (aipo, clipped):
         assert [json.loads(line) for line in open(run / "replayed.jsonl")] == expected  # identical bytes, every step
         assert not (run / "samples.jsonl").exists()  # nothing was sampled
-    recording, a, c = (
-        rows(tmp_path / "recording" / "metrics.csv"),
-        rows(aipo / "metrics.csv"),
-        rows(clipped / "metrics.csv"),
-    )
+    recording, a, c = read_metrics(tmp_path / "recording"), read_metrics(aipo), read_metrics(clipped)
     assert [r["reward"] for r in a] == [r["reward"] for r in c] == [r["reward"] for r in recording]
     assert [r["loss"] for r in a] != [r["loss"] for r in c]  # the variants really differ
     assert "masked_frac" in a[0] and "clip_high_frac" in c[0]

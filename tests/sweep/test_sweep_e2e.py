@@ -1,6 +1,5 @@
 """A 2 losses x 2 seeds sweep on the tiny model, SIGKILLed after its first run, resumed, then reported."""
 
-import csv
 import json
 import signal
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.main import main
+from tests.support import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -74,7 +74,7 @@ def test_sweep_killed_after_its_first_run_resumes_and_reports(tmp_path, tiny_ove
     assert resumed[first]["attempts"] == 1  # finished runs are skipped
     assert resumed[second]["attempts"] == 2 and resumed[second]["resumed_from"] >= 1  # from its checkpoint
     for run_id in resumed:
-        rows = [r for r in csv.DictReader(open(sweep_dir / run_id / "metrics.csv")) if r.get("loss")]
+        rows = read_metrics(sweep_dir / run_id)
         assert [int(r["step"]) for r in rows] == list(range(STEPS)), run_id  # every step trained exactly once
         resolved = yaml.safe_load((sweep_dir / run_id / "resolved.yaml").read_text())
         assert resolved["model"]["loss"]["class_path"].endswith("AIPO" if "AIPO" in run_id else "ClippedPG")

@@ -8,9 +8,9 @@ import pytest
 
 from grpokit.common.errors import RunDataError
 from grpokit.orchestrator import Orchestrator
-from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError
 from grpokit.transport.filesystem import FilesystemTransport
+from tests.support import assert_same_batch, make_training_batch
 
 
 def trainer_stream(tmp_path, start_step, max_steps):

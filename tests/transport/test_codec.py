@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import load, save
 
 from grpokit.common.prefix_tree import attach_prefix_trees, prefix_tree
-from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError, decode_batch, encode_batch
+from tests.support import assert_same_batch, make_training_batch
 
 
 def test_prefix_trees_travel_with_their_micro_batches():

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError, decode_batch, encode_batch
 from grpokit.transport.filesystem import FilesystemTransport
+from tests.support import assert_same_batch, make_training_batch
 
 make_batch, assert_same = make_training_batch, assert_same_batch
 

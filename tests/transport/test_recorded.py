@@ -6,10 +6,10 @@ import json
 import pytest
 
 from grpokit.sweep.recording import export
-from grpokit.testing import assert_same_batch, make_training_batch
 from grpokit.transport.codec import BatchFormatError
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.transport.recorded import RecordedRollouts, batch_file
+from tests.support import assert_same_batch, make_training_batch
 
 
 def recorded_run(tmp_path, steps: int = 3):

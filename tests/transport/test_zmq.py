@@ -9,9 +9,10 @@ import pytest
 import zmq
 from safetensors.torch import load, save
 
-from grpokit.testing import assert_same_batch, free_port, make_training_batch
+from grpokit.testing import free_port
 from grpokit.transport.codec import encode_batch
 from grpokit.transport.zmq import ZMQTransport
+from tests.support import assert_same_batch, make_training_batch
 
 make_batch, assert_same = make_training_batch, assert_same_batch
 

@@ -1,8 +1,9 @@
 """The HTTP layer of `grpokit infer`'s server: Starlette on uvicorn (httptools), the stack vLLM's server uses.
 
-One event loop serves every connection; request bodies are parsed and checked (OpenAIApp.dispatch) on
+One event loop serves every connection; request bodies are parsed and checked (the app's `dispatch`) on
 the loop when small and on Starlette's thread pool when large, answers are serialised the same way, and
-engine work is queued for the one engine thread (grpokit.inference.server.worker).
+engine work is queued for the one engine thread (grpokit.inference.server.worker). The app is any
+ServedApp: grpokit.inference.server.http builds OpenAIApp on this module, which never imports it back.
 What it adds to a plain uvicorn, each bounded by a `server.limits` key (ServerLimits):
 - a deadline for a request's line and headers (TimedProtocol) and for its body (`read_timeout`): a
   slow or half-sent request is answered 408 and disconnected, instead of holding a connection for ever;
@@ -29,7 +30,7 @@ import threading
 import time
 from concurrent.futures import Future
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import uvicorn
 from starlette.applications import Starlette
@@ -39,17 +40,26 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from grpokit.inference.server.errors import RequestError
 from grpokit.inference.server.limits import ServerLimits
-from grpokit.inference.server.requests import RequestError
 from grpokit.inference.server.stream import DONE, sse
 from grpokit.inference.server.worker import EngineCall, EngineWorker, OnEngine
-
-if TYPE_CHECKING:
-    from grpokit.inference.server.http import OpenAIApp
 
 log = logging.getLogger(__name__)
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class ServedApp(Protocol):
+    """What the HTTP layer serves (grpokit.inference.server.http's OpenAIApp): `dispatch` answers a request
+    or returns the OnEngine work that makes its answer; `worker` runs that work; `close` stops it."""
+
+    limits: ServerLimits
+    worker: EngineWorker
+
+    def dispatch(self, method: str, path: str, query: str, body: bytes) -> dict | OnEngine: ...
+
+    def close(self, timeout: float | None = None) -> bool: ...
 
 
 class ClientGone(Exception):
@@ -300,7 +310,7 @@ def error_body(e: BaseException, request: Request) -> dict:
     return internal_error(e)
 
 
-def asgi_app(app: OpenAIApp) -> Starlette:
+def asgi_app(app: ServedApp) -> Starlette:
     """Every path goes to `app.dispatch` (which answers 404 and 405 in the API's JSON error format)."""
 
     async def endpoint(request: Request) -> Response:
@@ -335,7 +345,7 @@ class _Uvicorn(uvicorn.Server):
     """uvicorn's server, whose shutdown first closes the listener, then stops the engine thread (queued
     requests answered 503, the running one given shutdown_timeout), then lets uvicorn finish."""
 
-    def __init__(self, config: uvicorn.Config, app: OpenAIApp) -> None:
+    def __init__(self, config: uvicorn.Config, app: ServedApp) -> None:
         super().__init__(config)
         self.grpokit_app = app
 
@@ -356,10 +366,10 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
 
 
 class OpenAIServer:
-    """The HTTP server of an OpenAIApp, bound at construction: `serve_forever()` in the main thread (stops
+    """The HTTP server of an app (OpenAIApp), bound at construction: `serve_forever()` in the main thread (stops
     on SIGTERM or SIGINT), or `start()` in a background thread and `close()`."""
 
-    def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 8000) -> None:
+    def __init__(self, app: ServedApp, host: str = "127.0.0.1", port: int = 8000) -> None:
         self.app = app
         self.socket = listen(host, port, app.limits.backlog)
         self.server_address = self.socket.getsockname()[:2]

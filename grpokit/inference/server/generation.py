@@ -48,8 +48,10 @@ class RequestSampler:
             raise RequestError("the chat template rendered the messages to no tokens", "messages")
         return ids
 
-    def load_newer_weights(self, strict: bool = False) -> None:
-        """Load the newest weights the broadcast has published, if newer than the engine's.
+    def load_newer_weights(self, strict: bool = False, upto: int | None = None) -> None:
+        """Load the newest weights the broadcast has published, if newer than the engine's; with `upto`
+        (a request's `max_weight_step`: the orchestrator's deterministic schedule), the newest up to that
+        step, and a RequestError (409) if the engine already holds a newer one.
 
         A step that cannot be read (a truncated or corrupt file: the broadcast's error names it) leaves the
         engine's weights as they are: logged (once per error), and the engine serves on with the step it
@@ -59,8 +61,16 @@ class RequestSampler:
         if self.broadcast is None:
             return
         held, source = self.engine.weight_step, type(self.broadcast).__name__
+        if upto is not None and held > upto:
+            raise RequestError(
+                f"max_weight_step is {upto}, but this server already holds the weights of step {held}: another "
+                "client moved it ahead, or the trainer restarted from an earlier checkpoint. Restart `grpokit "
+                "infer`, or set data.deterministic: false in the orchestrator's recipe",
+                "max_weight_step",
+                status=409,
+            )
         try:
-            update = self.broadcast.poll(held)
+            update = self.broadcast.poll(held, upto=upto)
         except Exception as e:
             error = f"reading the newest weights from {source} failed: {type(e).__name__}: {e}"
             if strict:
@@ -108,7 +118,7 @@ class RequestSampler:
         """Load newer broadcast weights, check the prompts and max_tokens against the context, then sample
         n completions per prompt (`stream` follows the decode steps; `call.cancelled` stops them). `param`
         names the prompt's field in errors."""
-        self.load_newer_weights()
+        self.load_newer_weights(upto=params.max_weight_step)
         sampling = self.settings(prompts, params, param)
         options = ServingOptions(params.top_logprobs, stream.on_tokens if stream else None, call.cancelled)
         if stream is not None:
@@ -161,7 +171,3 @@ def generate_with(
             ]
         )
     return groups
-
-
-def fast_path(engine: InferenceEngine) -> str:
-    return " on its fast CUDA path" if getattr(engine, "fast", False) else ""

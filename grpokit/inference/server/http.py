@@ -5,8 +5,9 @@ Endpoints: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/completions`, `POS
 `GET /health`, vLLM's token-in/token-out `POST /inference/v1/generate`, and grpokit's `GET /v1/weights`.
 This module is the API's logic (`OpenAIApp`: routes, checks, answers); grpokit.inference.server.asgi is
 the HTTP layer (Starlette on uvicorn), .generation the engine thread's part of a request, .answers and
-.stream the answers' shapes, plain and streamed. Requests are parsed and checked against `server.limits`
-(ServerLimits) on the HTTP side, before any work; all tokenizer and engine work runs on one engine thread
+.stream the answers' shapes, plain and streamed. Request bodies are read by the endpoints' pydantic models
+(.requests) and checked against `server.limits` (ServerLimits) on the HTTP side, before any work; a refusal
+is a RequestError (.errors). All tokenizer and engine work runs on one engine thread
 (grpokit.inference.server.worker) that owns both, from a bounded queue. With a `broadcast`, that thread
 loads any newer published weights before each request and before answering `/v1/weights`.
 
@@ -56,28 +57,23 @@ from grpokit.inference import InferenceEngine
 from grpokit.inference.server.answers import Answers, finish_reason, generate_logprobs
 from grpokit.inference.server.answers import usage as usage_of
 from grpokit.inference.server.asgi import OpenAIServer
-from grpokit.inference.server.generation import RequestSampler, fast_path
+from grpokit.inference.server.errors import RequestError
+from grpokit.inference.server.fields import RequestContext, unknown_model
+from grpokit.inference.server.generation import RequestSampler
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import (
-    GENERATE_UNSUPPORTED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
     PromptBudget,
-    RequestError,
-    SamplingRequest,
     check_rows,
-    field,
     longest_token_chars,
     parse_json,
-    parse_messages,
-    parse_prompts,
-    parse_stream,
-    parse_template_kwargs,
-    parse_token_ids,
 )
 from grpokit.inference.server.stream import ChatStream, CompletionStream
 from grpokit.inference.server.worker import EngineCall, EngineWorker, OnEngine
 
 log = logging.getLogger(__name__)
-DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
 class OpenAIApp:
@@ -98,6 +94,7 @@ class OpenAIApp:
         self.engine, self.tokenizer, self.model_name, self.broadcast = engine, tokenizer, model_name, broadcast
         self.max_model_len = max_model_len
         self.limits = limits or ServerLimits()
+        self.context = RequestContext(self.limits, model_name, engine)  # what the request models check against
         self.vocab_size = len(tokenizer)
         self.budget = PromptBudget.of(max_model_len, self.limits.max_prompt_tokens, longest_token_chars(tokenizer))
         self.worker = EngineWorker(self.limits.max_queued_requests)
@@ -124,17 +121,15 @@ class OpenAIApp:
         return routes[path][1](self.parse_body(body) if method == "POST" else dict(parse_qsl(query)))
 
     def parse_body(self, body: bytes) -> dict:
+        """A JSON object; its fields are the endpoint's request model's to check (`model` first)."""
         parsed = parse_json(body)
         if not isinstance(parsed, dict):
             raise RequestError("request body must be a JSON object")
-        self.check_model(field(parsed, "model", str, self.model_name))
         return parsed
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise RequestError(
-                f"the model `{model}` does not exist; this server serves `{self.model_name}`", "model", 404
-            )
+            raise RequestError(unknown_model(model, self.model_name), "model", 404)
 
     def model_card(self, model: str | None = None) -> dict:
         if model is not None:
@@ -160,14 +155,18 @@ class OpenAIApp:
         return status
 
     def weights(self, query: dict) -> OnEngine:
-        """The step of the weights the engine holds, after loading the newest published one; with
+        """The step of the weights the engine holds, after loading the newest published one (with
+        `max_weight_step=N`, the newest up to step N: the orchestrator's deterministic schedule); with
         `sha256=true`, the engine's checksum of them too."""
         checksum = query.get("sha256", "false")
         if checksum not in ("true", "false"):
             raise RequestError(f"sha256 must be true or false, got {checksum!r}", "sha256")
+        upto = query.get("max_weight_step")
+        if upto is not None and not (upto.isascii() and upto.isdigit() and len(upto) < 19):
+            raise RequestError(f"max_weight_step must be a step number (>= 0), got {upto[:40]!r}", "max_weight_step")
 
         def work(_: EngineCall) -> dict:
-            self.sampler.load_newer_weights(strict=True)
+            self.sampler.load_newer_weights(strict=True, upto=None if upto is None else int(upto))
             answer = {"object": "weights", "weight_step": self.engine.weight_step}
             if self.run_name is not None:
                 answer["run"] = self.run_name
@@ -181,14 +180,11 @@ class OpenAIApp:
         return OnEngine(work)
 
     def completions(self, body: dict) -> OnEngine:
-        prompts = parse_prompts(body)
-        logprobs = self.top_logprobs_field(body, "logprobs")
-        max_tokens = field(body, "max_tokens", int, DEFAULT_COMPLETION_TOKENS, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, logprobs is not None, self.limits, logprobs or 0)
-        usage = parse_stream(body)
+        request = CompletionRequest.parse(body, self.context)
+        prompts, params, usage = request.prompt, request.params, request.usage
         check_rows(len(prompts), params.n, self.limits.max_rows)
         self.budget.check_prompts(prompts, self.vocab_size)
-        self.check_max_tokens(max_tokens)
+        self.check_max_tokens(params.max_tokens)
         self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict | None:
@@ -216,18 +212,11 @@ class OpenAIApp:
         return OnEngine(work, stream=usage is not None, priority=params.priority)
 
     def chat_completions(self, body: dict) -> OnEngine:
-        messages = parse_messages(body)
-        template_kwargs = parse_template_kwargs(body, self.limits.trust_request_chat_template)
-        logprobs = field(body, "logprobs", bool, False)
-        top_logprobs = self.top_logprobs_field(body, "top_logprobs") or 0
-        if top_logprobs and not logprobs:
-            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
-        max_tokens = field(body, "max_completion_tokens", int, None, lambda v: v >= 1, ">= 1")
-        max_tokens = max_tokens or field(body, "max_tokens", int, None, lambda v: v >= 1, ">= 1")
-        params = SamplingRequest.parse(body, max_tokens, logprobs, self.limits, top_logprobs)
-        usage = parse_stream(body)
+        request = ChatCompletionRequest.parse(body, self.context)
+        messages, template_kwargs, params = request.messages, request.template_kwargs, request.params
+        usage = request.usage
         self.budget.check_messages(messages)
-        self.check_max_tokens(max_tokens)
+        self.check_max_tokens(params.max_tokens)
         self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict | None:
@@ -260,29 +249,12 @@ class OpenAIApp:
         return_token_ids?}` -> `{request_id, model, created, choices: [{index, token_ids, logprobs:
         {content} | null, finish_reason}], usage, prompt_logprobs: null, prompt_token_ids}`, plus grpokit's
         `weight_step`. No text on either side: each logprob names its token `token_id:<id>`."""
-        prompt = parse_token_ids(body, "token_ids")
-        if field(body, "stream", bool, False):
-            raise RequestError("stream is not supported on /inference/v1/generate", "stream")
-        for name in ("features", "content_parts"):  # multimodal inputs: grpokit's engines are text-only
-            if body.get(name):
-                raise RequestError(f"{name}: this server's model takes token ids only (no multimodal inputs)", name)
-        if field(body, "output_mode", str, "tokens") != "tokens":
-            raise RequestError("output_mode must be tokens: this endpoint returns no text", "output_mode")
-        field(body, "priority", int)  # vLLM's scheduling priority: one FIFO queue here, so only its type counts
-        field(body, "cache_salt", str)  # no prefix cache to salt
-        sampling = field(body, "sampling_params", dict, {})
-        for name, off in GENERATE_UNSUPPORTED.items():
-            if sampling.get(name) is not None and sampling[name] not in off:
-                raise RequestError(f"sampling_params.{name} is not supported by this server", name)
-        k = self.top_logprobs_field(sampling, "logprobs", sampled_first=True)
-        engine_k = k if k is not None and k >= 2 else 0  # the sampled token, then the engine's top k less it
-        max_tokens = field(sampling, "max_tokens", int, None, lambda v: v >= 1, ">= 1")  # null: the rest of the context
-        params = SamplingRequest.parse(sampling, max_tokens, k is not None, self.limits, engine_k)
-        request_id = field(body, "request_id", str, None) or uuid.uuid4().hex
-        return_prompt = field(body, "return_token_ids", bool, False)
+        request = GenerateRequest.parse(body, self.context)
+        prompt, params, k = request.token_ids, request.sampling_params.params, request.sampling_params.logprobs
+        request_id, return_prompt = request.request_id or uuid.uuid4().hex, request.return_token_ids
         check_rows(1, params.n, self.limits.max_rows)
         self.budget.check_prompts([prompt], self.vocab_size, "token_ids")
-        self.check_max_tokens(max_tokens)
+        self.check_max_tokens(params.max_tokens)  # null: the rest of the context
         self.check_stop_token_ids(params.stop_token_ids)
 
         def work(call: EngineCall) -> dict:
@@ -312,20 +284,6 @@ class OpenAIApp:
             }
 
         return OnEngine(work)
-
-    def top_logprobs_field(self, body: dict, name: str, sampled_first: bool = False) -> int | None:
-        """How many top logprobs a request asks for in `name` (null when absent), within
-        server.limits.max_top_logprobs and what the engine can report. `sampled_first`: the first of
-        the k shown is the sampled token (generate, as vLLM), so only k >= 2 needs the engine's top ones."""
-        limit = self.limits.max_top_logprobs
-        k = field(body, name, int, None, lambda v: 0 <= v <= limit, f"in [0, {limit}] (server.limits.max_top_logprobs)")
-        if k and (k >= 2 or not sampled_first) and not self.engine.reports_top_logprobs:
-            raise RequestError(
-                f"{name}={k}: this server's engine ({type(self.engine).__name__}{fast_path(self.engine)}) reports "
-                f"only the sampled token's logprob; ask for {1 if sampled_first else 0}",
-                name,
-            )
-        return k
 
     def check_stop_token_ids(self, ids: list[int]) -> None:
         if any(t >= self.vocab_size for t in ids):

@@ -1,235 +1,46 @@
-"""Parsing and validating the bodies of OpenAI API requests for grpokit's server (grpokit.inference.server.http):
-typed fields with errors that name the field, the sampling parameters, chat messages and prompts.
-Anything the server cannot honour is refused (400), never silently ignored."""
+"""The bodies of grpokit's OpenAI API requests (grpokit.inference.server.http) as pydantic models, one per
+endpoint (CompletionRequest, ChatCompletionRequest, GenerateRequest), each its own fields followed by the
+ones the endpoints share (grpokit.inference.server.fields: how the models read JSON, and in which order);
+and what the engine thread checks of a request before sampling (PromptBudget, check_rows). Anything the
+server cannot honour is refused (400, naming the field and the fix: grpokit.inference.server.errors),
+never silently ignored; unknown fields are ignored, as vLLM does."""
 
 from __future__ import annotations
 
 import json
-import math
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    AfterValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    field_validator,
+)
+from typing_extensions import NotRequired, TypedDict
+
+from grpokit.inference.server.errors import RequestError, refused
+from grpokit.inference.server.fields import (
+    AtLeastOne,
+    Body,
+    Fields,
+    RequestContext,
+    SamplingFields,
+    SamplingRequest,
+    StreamFields,
+    Text,
+    TokenIds,
+    only,
+    otherwise,
+    within_top_logprobs,
+)
 from grpokit.inference.server.limits import ServerLimits
 
-# Fields whose non-default value would change the result in a way this server cannot honour: refused.
-UNSUPPORTED = {
-    "echo": (False,),
-    "best_of": (1,),
-    "suffix": ("",),
-    "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "top_k": (-1, 0),
-    "min_p": (0,),
-    "tools": ([],),
-    "response_format": ({"type": "text"},),
-}
-# vLLM SamplingParams fields that change what /inference/v1/generate samples and that grpokit's engines do
-# not do: a value other than these (vLLM's defaults) is refused. `()`: any value but null is.
-GENERATE_UNSUPPORTED = {
-    "ignore_eos": (False,),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
-    "structured_outputs": (),
-    "prompt_logprobs": (),
-    "logprob_token_ids": (),
-    "prompt_logprob_token_ids": (),
-    "truncate_prompt_tokens": (),
-    "thinking_token_budget": (),
-    "trace_decode_token_ids": (),
-    "repetition_detection": (),
-}
-TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
-
-
-ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    405: "MethodNotAllowed",
-    408: "RequestTimeout",
-    413: "RequestTooLarge",
-    429: "RateLimitError",
-    503: "ServiceUnavailable",
-}
-
-
-class RequestError(Exception):
-    """A client error (or an overloaded or stopping server), answered with `status` and an OpenAI-style
-    error body naming `param`; `retry_after` (seconds) becomes a Retry-After header."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, retry_after: int | None = None):
-        super().__init__(message)
-        self.message, self.param, self.status, self.retry_after = message, param, status, retry_after
-
-    def headers(self) -> dict[str, str]:
-        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": ERROR_TYPES.get(self.status, "ServiceUnavailable"),
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-
-def field(
-    body: dict,
-    name: str,
-    kind: type,
-    default: Any = None,
-    check: Callable[[Any], bool] | None = None,
-    requirement: str = "",
-) -> Any:
-    """body[name] if it is of `kind` and passes `check`, `default` when absent or null; else a RequestError."""
-    value = body.get(name)
-    if value is None:
-        return default
-    accepted = (int, float) if kind is float else kind
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted):
-        raise RequestError(f"{name} must be {TYPE_NAMES[kind]}, got {json.dumps(value)[:60]}", name)
-    if kind is float and not math.isfinite(value):
-        raise RequestError(f"{name} must be a finite number, got {json.dumps(value)}", name)
-    if check is not None and not check(value):
-        raise RequestError(f"{name} must be {requirement}, got {value!r}", name)
-    return float(value) if kind is float else value
-
-
-def parse_json(body: bytes) -> Any:
-    """The request body as JSON; a 400 (never a 500) for bytes that are not JSON or nest too deeply."""
-    try:
-        return json.loads(body or b"null")
-    except RecursionError:
-        raise RequestError("request body nests JSON arrays or objects too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"request body is not valid JSON: {e}") from None
-
-
-@dataclass
-class SamplingRequest:
-    """The sampling fields both endpoints share, checked."""
-
-    n: int
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    stop: list[str]
-    seed: int
-    logprobs: bool
-    return_token_ids: bool
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    top_logprobs: int = 0
-    stop_token_ids: list[int] = dataclass_field(default_factory=list)
-    priority: int = 0  # vLLM's field: lower is served first (the engine queue's order, EngineWorker.submit)
-
-    @classmethod
-    def parse(
-        cls, body: dict, max_tokens: int | None, logprobs: bool, limits: ServerLimits, top_logprobs: int = 0
-    ) -> SamplingRequest:
-        """The sampling fields of `body`; `logprobs` and `top_logprobs` as the endpoint has read them."""
-        for name, off in UNSUPPORTED.items():
-            if body.get(name) is not None and body[name] not in off:
-                raise RequestError(f"{name} is not supported", name)
-        seed = field(body, "seed", int, None, lambda v: 0 <= v < 2**63, "in [0, 2**63)")
-        max_n = limits.max_n
-        return cls(
-            n=field(body, "n", int, 1, lambda v: 1 <= v <= max_n, f">= 1 and <= {max_n} (server.limits.max_n)"),
-            max_tokens=max_tokens,
-            temperature=field(body, "temperature", float, 1.0, lambda v: v >= 0, ">= 0"),
-            top_p=field(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-            stop=parse_stop(body, limits),
-            seed=secrets.randbits(63) if seed is None else seed,
-            logprobs=logprobs,
-            return_token_ids=field(body, "return_token_ids", bool, False),
-            min_tokens=field(
-                body,
-                "min_tokens",
-                int,
-                0,
-                lambda v: v >= 0 and (max_tokens is None or v <= max_tokens),
-                f"in [0, max_tokens={max_tokens}]",
-            ),
-            repetition_penalty=field(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
-            top_logprobs=top_logprobs,
-            stop_token_ids=parse_stop_token_ids(body),
-            priority=field(body, "priority", int, 0, lambda v: -(2**31) <= v < 2**31, "a 32-bit integer"),
-        )
-
-
-def parse_stop_token_ids(body: dict) -> list[int]:
-    """`stop_token_ids` (vLLM's extension): token ids that end a completion besides EOS, each once, in order
-    (the app checks them against the vocabulary)."""
-    ids = body.get("stop_token_ids")
-    if ids is None:
-        return []
-    if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
-        raise RequestError("stop_token_ids must be an array of token ids (integers >= 0)", "stop_token_ids")
-    return list(dict.fromkeys(ids))
-
-
-def parse_stop(body: dict, limits: ServerLimits) -> list[str]:
-    """`stop`: a string or an array of them, non-empty, at most server.limits.max_stop of them and
-    max_stop_chars characters each (every decode step searches the text for each)."""
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if isinstance(stop, list) and len(stop) > limits.max_stop:
-        raise RequestError(
-            f"{len(stop)} stop strings, over the limit of {limits.max_stop} (server.limits.max_stop)", "stop"
-        )
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("stop must be a non-empty string or an array of them", "stop")
-    longest = max(map(len, stop), default=0)
-    if longest > limits.max_stop_chars:
-        raise RequestError(
-            f"a stop string of {longest} characters, over the limit of {limits.max_stop_chars} "
-            "(server.limits.max_stop_chars)",
-            "stop",
-        )
-    return stop
-
-
-def parse_messages(body: dict) -> list[dict]:
-    """Chat messages with text content; content parts are joined, as vLLM does for text models."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty array of {role, content} objects", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string role", "messages")
-        content = message.get("content")
-        if isinstance(content, list):
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            ):
-                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
-            content = "\n".join(p["text"] for p in content)
-        elif content is not None and not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string or an array of text parts", "messages")
-        out.append({**message, "content": content})
-    return out
-
-
-def parse_prompts(body: dict) -> list[str | list[int]]:
-    """A completions `prompt`: a string, token ids, or an array of either (one choice group per prompt)."""
-
-    def is_one(p: Any) -> bool:
-        return (isinstance(p, str) and p != "") or (isinstance(p, list) and p != [] and all(type(t) is int for t in p))
-
-    prompt = body.get("prompt")
-    if is_one(prompt):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(is_one(p) for p in prompt):
-        return prompt
-    raise RequestError("prompt must be a non-empty string, an array of token ids, or an array of either", "prompt")
-
-
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+KWARGS = "chat_template_kwargs"
 # apply_chat_template's own parameters: the server sets them (or they change what it returns), so a
 # request's chat_template_kwargs may not.
 RESERVED_TEMPLATE_KWARGS = {
@@ -246,28 +57,207 @@ RESERVED_TEMPLATE_KWARGS = {
 }
 
 
-def parse_template_kwargs(body: dict, trusted: bool) -> dict:
-    """`chat_template_kwargs` (variables for the chat template), and a request's own template (vLLM's
-    `chat_template` field or `chat_template_kwargs.chat_template`) only where the server trusts them."""
-    kwargs = field(body, "chat_template_kwargs", dict, {})
-    own, nested = body.get("chat_template"), kwargs.get("chat_template")
-    template, param = (own, "chat_template") if own is not None else (nested, "chat_template_kwargs")
-    if template is not None:
-        if not trusted:
-            raise RequestError(
-                "this server renders only its own chat template: a template sent in the request is refused "
-                "(start the server with --server.limits.trust_request_chat_template true to allow it)",
-                param,
-            )
-        if not isinstance(template, str) or not template:
-            raise RequestError("chat_template must be a non-empty string", param)
-        kwargs = {**kwargs, "chat_template": template}
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
-    if reserved:
-        raise RequestError(
-            f"chat_template_kwargs.{reserved[0]} is set by the server, not by the request", "chat_template_kwargs"
-        )
-    return kwargs
+def parse_json(body: bytes) -> Any:
+    """The request body as JSON; a 400 (never a 500) for bytes that are not JSON or nest too deeply."""
+    try:
+        return json.loads(body or b"null")
+    except RecursionError:
+        raise RequestError("request body nests JSON arrays or objects too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+
+
+def parse_stop(body: dict, limits: ServerLimits) -> list[str]:
+    """`stop` alone, checked as every endpoint checks it."""
+    return SamplingFields.parse({"stop": body.get("stop")}, RequestContext(limits)).stop
+
+
+def one_or_many(prompt: str | list) -> list[str | list[int]]:
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+
+
+class CompletionFields(Body):
+    """/v1/completions' own fields. `prompt`: a string, token ids, or an array of either (one choice group
+    per prompt); required (the default is refused)."""
+
+    prompt: Annotated[
+        Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1, fail_fast=True)],
+        otherwise("prompt must be a non-empty string, an array of token ids, or an array of either"),
+        AfterValidator(one_or_many),
+    ] = Field(None, validate_default=True)
+    logprobs: Annotated[int, within_top_logprobs()] | None = None  # the top k logprobs of each token
+
+
+class CompletionRequest(StreamFields, SamplingFields, CompletionFields):
+    """A POST /v1/completions body: its own fields, the sampling ones, then `stream`."""
+
+    max_tokens: AtLeastOne = DEFAULT_COMPLETION_TOKENS
+
+    @property
+    def params(self) -> SamplingRequest:
+        return self.sampling(self.logprobs is not None, self.logprobs or 0)
+
+
+class TextPart(TypedDict):  # strict, as the model that reads it
+    type: Literal["text"]
+    text: str
+
+
+def joined(parts: list[TextPart]) -> str:
+    return "\n".join(p["text"] for p in parts)
+
+
+class Message(TypedDict):
+    """A chat message: a string role and text content (text parts joined, as vLLM does for text models)."""
+
+    role: str
+    content: NotRequired[str | Annotated[list[TextPart], Field(fail_fast=True), AfterValidator(joined)] | None]
+
+
+def chat_messages(messages: Any, handler: Callable[[Any], list[Message]]) -> list[dict]:
+    """Each message as sent, every field of it for the chat template, its content's parts joined."""
+    if not isinstance(messages, list) or not messages:
+        raise refused("messages must be a non-empty array of {role, content} objects")
+    try:
+        checked = handler(messages)
+    except ValidationError as e:
+        i, *where = e.errors()[0]["loc"]
+        if where[:1] != ["content"]:
+            raise refused(f"messages[{i}] must be an object with a string role") from None
+        if isinstance(messages[i]["content"], list):
+            raise refused(f"messages[{i}].content: only text parts are supported") from None
+        raise refused(f"messages[{i}].content must be a string or an array of text parts") from None
+    return [{**sent, "content": message.get("content")} for sent, message in zip(messages, checked)]
+
+
+class ChatFields(Body):
+    """/v1/chat/completions' own fields."""
+
+    messages: Annotated[list[Message], Field(fail_fast=True), WrapValidator(chat_messages)] = Field(
+        None, validate_default=True
+    )
+    chat_template_kwargs: dict = Field(default_factory=dict)  # variables for the chat template
+    chat_template: Any = Field(None, validate_default=True)  # vLLM's: a template of the request's own
+    logprobs: bool = False
+    top_logprobs: Annotated[int, within_top_logprobs()] = 0
+    max_completion_tokens: AtLeastOne | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _trusted_template(cls, own: Any, info: ValidationInfo) -> str | None:
+        """The request's own template (`chat_template`, or `chat_template_kwargs.chat_template`), only
+        where the server trusts it; and no chat_template_kwargs that apply_chat_template's own are."""
+        kwargs = info.data.get("chat_template_kwargs", {})
+        template, param = (own, "chat_template") if own is not None else (kwargs.get("chat_template"), KWARGS)
+        if template is not None:
+            if not info.context.limits.trust_request_chat_template:
+                raise refused(
+                    "this server renders only its own chat template: a template sent in the request is refused "
+                    "(start the server with --server.limits.trust_request_chat_template true to allow it)",
+                    param,
+                )
+            if not isinstance(template, str) or not template:
+                raise refused("chat_template must be a non-empty string", param)
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+        if reserved:
+            raise refused(f"chat_template_kwargs.{reserved[0]} is set by the server, not by the request", KWARGS)
+        return template
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, k: int, info: ValidationInfo) -> int:
+        if k and not info.data.get("logprobs"):
+            raise refused("top_logprobs needs logprobs: true")
+        return k
+
+
+class ChatCompletionRequest(StreamFields, SamplingFields, ChatFields):
+    """A POST /v1/chat/completions body: its own fields, the sampling ones, then `stream`."""
+
+    max_tokens: AtLeastOne | None = Field(None, validate_default=True)  # None: the rest of the context
+
+    @field_validator("max_tokens", mode="wrap")
+    @classmethod
+    def _newer_name_first(cls, max_tokens: Any, handler: Callable[[Any], int | None], info: ValidationInfo) -> Any:
+        """OpenAI's newer max_completion_tokens, when given, is the limit: max_tokens is then not read."""
+        return info.data.get("max_completion_tokens") or handler(max_tokens)
+
+    @property
+    def template_kwargs(self) -> dict:
+        kwargs = self.chat_template_kwargs
+        return kwargs if self.chat_template is None else {**kwargs, "chat_template": self.chat_template}
+
+    @property
+    def params(self) -> SamplingRequest:
+        return self.sampling(self.logprobs, self.top_logprobs)
+
+
+def vllm_only(*defaults: Any) -> AfterValidator:
+    return only(*defaults, refusal="sampling_params.{} is not supported by this server")
+
+
+class GenerateSamplingFields(Fields):
+    """What /inference/v1/generate's `sampling_params` holds besides the shared sampling fields: vLLM's
+    SamplingParams fields that change what is sampled and that grpokit's engines do not do, refused but
+    for vLLM's default (`vllm_only()`: any value but null), and `logprobs`, the top k logprobs shown
+    (the sampled token's first). vLLM's fields that only shape text, and unknown ones, are ignored."""
+
+    ignore_eos: Annotated[Any, vllm_only(False)] = None
+    allowed_token_ids: Annotated[Any, vllm_only()] = None
+    bad_words: Annotated[Any, vllm_only([])] = None
+    structured_outputs: Annotated[Any, vllm_only()] = None
+    prompt_logprobs: Annotated[Any, vllm_only()] = None
+    logprob_token_ids: Annotated[Any, vllm_only()] = None
+    prompt_logprob_token_ids: Annotated[Any, vllm_only()] = None
+    truncate_prompt_tokens: Annotated[Any, vllm_only()] = None
+    thinking_token_budget: Annotated[Any, vllm_only()] = None
+    trace_decode_token_ids: Annotated[Any, vllm_only()] = None
+    repetition_detection: Annotated[Any, vllm_only()] = None
+    logprobs: Annotated[int, within_top_logprobs(sampled_first=True)] | None = None
+
+
+class GenerateSampling(SamplingFields, GenerateSamplingFields):
+    @property
+    def params(self) -> SamplingRequest:
+        k = self.logprobs  # the sampled token, then the engine's top k less it
+        return self.sampling(k is not None, k if k is not None and k >= 2 else 0)
+
+
+def text_only(value: Any, info: ValidationInfo) -> Any:
+    if value:
+        raise refused(f"{info.field_name}: this server's model takes token ids only (no multimodal inputs)")
+    return value
+
+
+class GenerateRequest(Body):
+    """A POST /inference/v1/generate body: vLLM's token-in/token-out endpoint."""
+
+    token_ids: Annotated[TokenIds, otherwise("token_ids must be a non-empty array of token ids")] = Field(
+        None, validate_default=True
+    )
+    stream: bool = False
+    features: Annotated[Any, AfterValidator(text_only)] = None  # multimodal inputs: grpokit's engines are text-only
+    content_parts: Annotated[Any, AfterValidator(text_only)] = None
+    output_mode: str = "tokens"
+    priority: int = 0  # vLLM's scheduling priority: one FIFO queue here, so only its type counts
+    cache_salt: str | None = None  # no prefix cache to salt
+    sampling_params: GenerateSampling = Field(default_factory=dict, validate_default=True)
+    request_id: str | None = None
+    return_token_ids: bool = False  # the prompt's token ids in the answer
+
+    @field_validator("stream")
+    @classmethod
+    def _not_streamed(cls, stream: bool) -> bool:
+        if stream:
+            raise refused("stream is not supported on /inference/v1/generate")
+        return stream
+
+    @field_validator("output_mode")
+    @classmethod
+    def _tokens_out(cls, mode: str) -> str:
+        if mode != "tokens":
+            raise refused("output_mode must be tokens: this endpoint returns no text")
+        return mode
 
 
 @dataclass(frozen=True)
@@ -339,17 +329,3 @@ def check_rows(prompts: int, n: int, max_rows: int) -> None:
 def longest_token_chars(tokenizer) -> int:
     """Characters in the tokenizer's longest vocabulary entry, added tokens included."""
     return max(map(len, tokenizer.get_vocab()), default=1)
-
-
-def parse_stream(body: dict) -> bool | None:
-    """None for a plain answer; else whether a streamed answer ends with a usage chunk."""
-    if not field(body, "stream", bool, False):
-        return None
-    return field(field(body, "stream_options", dict, {}), "include_usage", bool, False)
-
-
-def parse_token_ids(body: dict, name: str) -> list[int]:
-    ids = body.get(name)
-    if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
-        raise RequestError(f"{name} must be a non-empty array of token ids", name)
-    return ids

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from grpokit.inference.server.requests import RequestError
+from grpokit.inference.server.errors import RequestError
 
 log = logging.getLogger(__name__)
 MAX_RETRY_AFTER = 60  # seconds: a client should come back within a minute, whatever the estimate

@@ -1,6 +1,5 @@
 """A `custom` advantage: any Advantage subclass, selected in a recipe by its class path with init_args."""
 
-import csv
 import json
 import math
 import textwrap
@@ -10,6 +9,7 @@ import torch
 
 from grpokit.main import main
 from grpokit.testing import check_advantage, tiny_fit_argv
+from tests.support import read_metrics
 
 SOURCE = '''
 import torch
@@ -40,7 +40,7 @@ def test_custom_advantage_by_class_path_with_kwargs_trains(tmp_path, tiny_model,
     assert main(argv) == 0
     config = (tmp_path / "c" / "config.yaml").read_text()
     assert "class_path: lab_advantages.ClippedCentered" in config and "clip: 0.25" in config
-    [row] = [r for r in csv.DictReader(open(tmp_path / "c" / "metrics.csv")) if r.get("loss")]
+    [row] = read_metrics(tmp_path / "c")
     assert math.isfinite(float(row["loss"])) and math.isfinite(float(row["grad_norm"]))
 
     from lab_advantages import ClippedCentered

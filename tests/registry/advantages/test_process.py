@@ -6,31 +6,18 @@ import pytest
 import torch
 
 from grpokit.common.models import load_tokenizer
-from grpokit.orchestrator.environment import Environment, EnvSpec
-from grpokit.orchestrator.steps import token_step_ends
+from grpokit.environments.environment import Environment, EnvSpec
+from grpokit.environments.steps import token_step_ends
 from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.registry.advantages.process import Process
 from grpokit.testing import check_component
-from grpokit.types import Rollout
+from tests.support import make_rollout
 
 R2 = math.sqrt(2)
 
 
 def rollout(num_tokens, step_rewards, step_ends, env_id="e"):
-    return Rollout(
-        example_id=0,
-        env_id=env_id,
-        group_id=0,
-        prompt_ids=[1],
-        completion_ids=[7] * num_tokens,
-        completion_logprobs=[-0.5] * num_tokens,
-        completion_mask=[1] * num_tokens,
-        reward=0.0,
-        is_truncated=False,
-        policy_step=0,
-        step_rewards=step_rewards,
-        step_ends=step_ends,
-    )
+    return make_rollout([7] * num_tokens, env_id=env_id, step_rewards=step_rewards, step_ends=step_ends)
 
 
 def test_hand_computed_two_groups():
@@ -69,18 +56,7 @@ def test_equal_step_rewards_give_exactly_zero():
 def test_a_rollout_without_step_rewards_names_its_environment():
     group = [
         rollout(2, [1.0], [1]),
-        Rollout(
-            example_id=3,
-            env_id="countdown",
-            group_id=0,
-            prompt_ids=[1],
-            completion_ids=[7],
-            completion_logprobs=[-0.5],
-            completion_mask=[1],
-            reward=1.0,
-            is_truncated=False,
-            policy_step=0,
-        ),
+        make_rollout([7], reward=1.0, example_id=3, env_id="countdown"),
     ]
     with pytest.raises(
         ValueError, match=r"environment 'countdown' reports none: give its task a step_rewards\(reply\)"

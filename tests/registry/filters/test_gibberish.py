@@ -6,25 +6,14 @@ import pytest
 
 from grpokit.registry.filters.gibberish import Gibberish
 from grpokit.testing import StubTokenizer, check_component
-from grpokit.types import Rollout
+from tests.support import make_rollout
 
 # Qwen: 151_936 = 2^7 * 1187: -log(151_936) - 2 = -(7 ln 2 + ln 1187) - 2 = -(4.852030 + 7.079184) - 2 = -13.931215
 DEFAULT_THRESHOLD = -13.931215
 
 
 def rollout(ids, logprobs, mask=None):
-    return Rollout(
-        example_id=0,
-        env_id="e",
-        group_id=0,
-        prompt_ids=[1],
-        completion_ids=list(ids),
-        completion_logprobs=list(logprobs),
-        completion_mask=list(mask or [1] * len(ids)),
-        reward=0.0,
-        is_truncated=False,
-        policy_step=0,
-    )
+    return make_rollout(ids, logprobs=logprobs, mask=mask or None)
 
 
 def qwen(**kw):

@@ -6,7 +6,7 @@ import pytest
 
 from grpokit.registry.filters.repetition import Repetition
 from grpokit.testing import check_component
-from grpokit.types import Rollout
+from tests.support import make_rollout
 
 HI = math.log(0.999)  # near-certain
 LO = math.log(0.5)
@@ -14,19 +14,7 @@ AT = math.log(0.99)  # exactly the default threshold: not above it
 
 
 def rollout(logprobs, mask=None):
-    n = len(logprobs)
-    return Rollout(
-        example_id=0,
-        env_id="e",
-        group_id=0,
-        prompt_ids=[1],
-        completion_ids=[7] * n,
-        completion_logprobs=list(logprobs),
-        completion_mask=list(mask or [1] * n),
-        reward=0.0,
-        is_truncated=False,
-        policy_step=0,
-    )
+    return make_rollout([7] * len(logprobs), logprobs=logprobs, mask=mask or None)
 
 
 def test_window_boundary():

@@ -4,22 +4,11 @@ import math
 
 from grpokit.registry.filters.zero_std import ZeroStd
 from grpokit.testing import check_component
-from grpokit.types import Rollout
+from tests.support import make_rollout
 
 
 def rollout(group_id, reward, n=2):
-    return Rollout(
-        example_id=group_id,
-        env_id="e",
-        group_id=group_id,
-        prompt_ids=[1],
-        completion_ids=[7] * n,
-        completion_logprobs=[-0.1] * n,
-        completion_mask=[1] * n,
-        reward=reward,
-        is_truncated=False,
-        policy_step=0,
-    )
+    return make_rollout([7] * n, logprobs=[-0.1] * n, reward=reward, group_id=group_id)
 
 
 def test_flags_every_rollout_of_a_flat_group():

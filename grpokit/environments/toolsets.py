@@ -2,7 +2,7 @@
 
 A verifiers (v1) Task whose `toolsets(config)` classmethod, or a Taskset whose `toolsets(config)`,
 returns `vf.Toolset`s runs as a multi-turn task in grpokit. The model calls their `@vf.tool` methods as it
-calls a task's plain `tools` (grpokit.orchestrator.tools: Hermes syntax, grpokit's `tool_timeout`,
+calls a task's plain `tools` (grpokit.environments.tools: Hermes syntax, grpokit's `tool_timeout`,
 every failure an `Error: ...` tool message), each a plain method call in this process.
 
 - Names are the ones verifiers advertises: `<server_name>_<tool>`, where `server_name` is the
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpokit.orchestrator.tools import run_async
+from grpokit.environments.tools import run_async
 
 log = logging.getLogger(__name__)
 SETUP_TIMEOUT = 60.0  # seconds a rollout's (or the run's) toolsets may take to set up

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpokit.common.errors import RunDataError
-from grpokit.orchestrator.episode_env import load_episode_env
-from grpokit.orchestrator.toolsets import tool_sources
+from grpokit.environments.episode_env import load_episode_env
+from grpokit.environments.toolsets import tool_sources
 
 MAX_ABS_REWARD = 1e6
 
@@ -53,7 +53,7 @@ class EnvSpec:
             default pools all environments' examples).
         env_args: the config fields of the environment's own verifiers `Env`, when it has one (an id
             `user-sim+reverse-text` pairs verifiers' Env `user-sim` with the taskset `reverse-text`, as
-            verifiers names pairs), e.g. `{user: {max_turns: 4}}`; see grpokit.orchestrator.episodes.
+            verifiers names pairs), e.g. `{user: {max_turns: 4}}`; see grpokit.environments.episodes.
     """
 
     id: str
@@ -66,7 +66,7 @@ class EnvSpec:
 @dataclass
 class Example:
     """One prompt of an environment: its chat messages, the verifiers task that scores replies, and where
-    its verifiers toolsets come from (grpokit.orchestrator.toolsets.ToolSource; None without any)."""
+    its verifiers toolsets come from (grpokit.environments.toolsets.ToolSource; None without any)."""
 
     index: int
     messages: list[dict[str, str]]

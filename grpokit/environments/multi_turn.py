@@ -1,10 +1,11 @@
 """Multi-turn rollouts: the engine writes an assistant turn, the environment answers (tool results, a
 user's or a game's reply), until the environment ends the rollout, `max_turns`, or the sequence budget.
 
-Every turn of every unfinished rollout of a step goes to the engine in one `generate` call (the first
-turn asks n = G completions per prompt, later turns one per conversation, each conversation's own token
-ids as its prompt), so the engine batches across rollouts as in single-turn sampling, and any engine
-(builtin, `grpokit infer` through RemoteEngine, vLLM) serves multi-turn rollouts unchanged.
+The turns are played in a generation stream by grpokit.orchestrator.group_play: the first turn asks
+n = G completions per prompt, later turns one per conversation (each conversation's own token ids as its
+prompt, submitted as soon as the environment has answered), so any engine (builtin, `grpokit infer`
+through RemoteEngine, vLLM) serves multi-turn rollouts unchanged. This module holds one turn's rules
+(`take_turn`) and the finished conversations' Rollouts.
 
 The budget: a turn starts only if the conversation plus `max_tokens` fits `seq_len` (and the engine's
 context); otherwise the rollout ends at the turn boundary before it, marked truncated, so the trained
@@ -13,52 +14,11 @@ sequence holds whole turns. A turn that hits max_tokens without a stop ends the 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from grpokit.inference import InferenceEngine, SamplingSettings
-from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.conversation import Conversation, environment_turn, masked_if_nonfinite
-from grpokit.orchestrator.environment import Environment, Example
-from grpokit.orchestrator.toolsets import close_toolsets
+from grpokit.environments.chat_tokens import ChatTokens
+from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite
 from grpokit.types import Rollout
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
-
-
-def generate_conversations(
-    engine: InferenceEngine,
-    tokenizer,
-    prompts: list[tuple[Environment, Example]],
-    prompt_ids: list[list[int]],
-    rollouts_per_example: int,
-    sampling: SamplingSettings,
-    budget: int,
-    max_turns: int,
-) -> list[list[Conversation]]:
-    """Run G conversations per prompt to their end; one list per prompt, in prompt order."""
-    chat = ChatTokens(tokenizer)
-    groups = [
-        [Conversation.opening(env, ex, ids) for _ in range(rollouts_per_example)]
-        for (env, ex), ids in zip(prompts, prompt_ids)
-    ]
-    completions = engine.generate(prompt_ids, rollouts_per_example, sampling)
-    active = [c for g in groups for c in g]
-    replies = [c for comps in completions for c in comps]
-    turn = 0
-    try:
-        while active:
-            for conv, completion in zip(active, replies):
-                take_turn(conv, completion, tokenizer, chat, budget, sampling.max_tokens, max_turns)
-            active = [c for c in active if not c.done]
-            if not active:
-                break
-            turn += 1
-            seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + turn
-            out = engine.generate([c.prompt_ids + c.ids for c in active], 1, replace(sampling, seed=seed))
-            replies = [comps[0] for comps in out]
-    finally:  # the rollouts' own verifiers toolsets end with them (their State is kept for scoring)
-        close_toolsets([c for g in groups for c in g])
-    return groups
 
 
 def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:

@@ -6,13 +6,13 @@ opens `agents.<role>.interaction(task)` and sends turns (`segment = await intera
 each answered by that role's model. grpokit hands `run` agents of its own (EpisodeAgents): every role is
 played by the policy's engine, and each `turn` waits for the next batched `generate`, which answers the
 waiting turns of every episode of the step at once, as grpokit's own multi-turn loop does
-(grpokit.orchestrator.multi_turn). `run` keeps its control flow; verifiers' harnesses, sandboxes and
+(grpokit.environments.multi_turn). `run` keeps its control flow; verifiers' harnesses, sandboxes and
 model clients are not involved, so it runs offline, and every reply's tokens are the engine's.
 
 One role is trained: the one still `trainable` after the Env's `setup` (user-sim sets
 `agents.user.trainable = False`). Its conversation is the rollout, token-faithful: the first prompt
 rendered from its first messages, each later turn's messages rendered as a suffix after the engine's
-tokens (grpokit.orchestrator.chat_tokens, mask 0, no logprobs), each reply the engine's tokens. The other
+tokens (grpokit.environments.chat_tokens, mask 0, no logprobs), each reply the engine's tokens. The other
 roles are played by the same engine, untrained (self-play, a simulated user); their chats go to the
 Env's `finalize`.
 
@@ -34,13 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from grpokit.orchestrator.chat_tokens import ChatTokens
-from grpokit.orchestrator.conversation import Conversation
-from grpokit.orchestrator.environment import make_chat_trace, prompt_messages
-from grpokit.orchestrator.multi_turn import SEED_STRIDE  # generate round r samples with seed * SEED_STRIDE + r
+from grpokit.environments.chat_tokens import ChatTokens
+from grpokit.environments.conversation import Conversation
+from grpokit.environments.environment import make_chat_trace, prompt_messages
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
 
@@ -237,8 +236,7 @@ class Episode:
 class EpisodeTable:
     """Episodes in play on one asyncio event loop: `start` a prompt's episodes, `settle` them (run their
     code until each has ended or waits for a reply), answer the waiting roles, `finish` a prompt's group
-    (scored). Whole-batch generation (play_episodes) answers every waiting role of a step in one generate
-    per round; streaming (grpokit.orchestrator.streaming) answers each as its request comes back."""
+    (scored). grpokit.orchestrator.group_play answers each waiting role as its request comes back."""
 
     def __init__(self, tokenizer, limits: EpisodeLimits) -> None:
         self.tokenizer, self.limits, self.chat = tokenizer, limits, ChatTokens(tokenizer)
@@ -276,37 +274,6 @@ class EpisodeTable:
         self.loop.close()
 
 
-def play_episodes(
-    engine,
-    tokenizer,
-    prompts: list[tuple[Any, Any]],
-    rollouts_per_example: int,
-    sampling,
-    budget: int,
-    max_turns: int,
-    context: int,
-) -> tuple[list[list[Conversation]], list[list[tuple[float, dict[str, float]]]]]:
-    """Play `rollouts_per_example` episodes per prompt to their end; per prompt, the trained conversations
-    and their (reward, metrics), in prompt order. `budget`: tokens of the trained exchange; `context`:
-    of the others."""
-    table = EpisodeTable(tokenizer, EpisodeLimits(sampling.max_tokens, budget, max_turns, context))
-    try:
-        groups = [table.start(env, ex, rollouts_per_example) for env, ex in prompts]
-        episodes = [ep for group in groups for ep in group]
-        round_ = 0
-        while waiting := table.settle(episodes):
-            replies = _generate(engine, [r.conv.prompt_ids + r.conv.ids for r in waiting], sampling, round_)
-            for role, completion in zip(waiting, replies):
-                role.waiting.set_result(completion)
-            round_ += 1
-        for ep in episodes:
-            ep.trained()  # every episode checked before any is scored
-        finished = [table.finish(group) for group in groups]
-    finally:
-        table.close()
-    return [convs for convs, _ in finished], [scores for _, scores in finished]
-
-
 async def _settle(episodes: list[Episode]) -> None:
     """Run the episodes' code until each has ended or waits for a reply (gathered roles get a few more
     passes to post their turns too); an episode that raised stops the run naming its environment."""
@@ -332,24 +299,6 @@ async def _settle(episodes: list[Episode]) -> None:
             )
         passes += 1
         await asyncio.sleep(0 if passes < 100 else 0.001)
-
-
-def _generate(engine, prompts: list[list[int]], sampling, round_: int) -> list:
-    """One reply per prompt, in one generate per multiplicity: identical prompts (a group's episodes
-    opening the same way) are asked once with n = their count, so seeded engines sample them apart."""
-    seed = None if sampling.seed is None else sampling.seed * SEED_STRIDE + round_
-    same: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(prompts):
-        same.setdefault(tuple(p), []).append(i)
-    by_count: dict[int, list[tuple[int, ...]]] = {}
-    for key, indices in same.items():
-        by_count.setdefault(len(indices), []).append(key)
-    out: list = [None] * len(prompts)
-    for n, keys in sorted(by_count.items()):
-        for key, completions in zip(keys, engine.generate([list(k) for k in keys], n, replace(sampling, seed=seed))):
-            for i, completion in zip(same[key], completions):
-                out[i] = completion
-    return out
 
 
 async def _score_all(episodes: list[Episode]) -> list:

@@ -14,7 +14,7 @@ import torch
 
 from grpokit.common.models import unwrap_peft
 from grpokit.common.prefix_tree import prefix_tree
-from grpokit.trainer.varlen import NAME as VARLEN
+from grpokit.common.varlen import NAME as VARLEN
 from grpokit.types import PrefixTree
 
 
@@ -177,14 +177,14 @@ def packed_token_logprobs(
     `with_entropy`, also returns the entropy of each token's predictive distribution (same alignment;
     0 at sequence starts): H = logsumexp(l) - sum softmax(l) * l.
 
-    Attention: with the model on grpokit's varlen backend (grpokit.trainer.varlen.use_varlen), sequences are
+    Attention: with the model on grpokit's varlen backend (grpokit.common.varlen.use_varlen), sequences are
     separated by cumulative lengths; otherwise by a dense [T, T] block-diagonal mask.
     Which tokens: `needed_T` (bool or 0/1, [T]) names the tokens whose logprob is wanted, e.g. the loss
     mask; the LM head and the softmax run only on the positions that predict them (transformers'
     `logits_to_keep`), and every other token gets 0. Prompt tokens are most of a short-answer batch,
     and the head is a fifth of a small model's compute. None = every token.
     Memory: `chunk_size` > 0 computes logits from the final hidden states `chunk_size` tokens at a time
-    (grpokit.trainer.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
+    (grpokit.common.logprobs.chunked_logprobs); 0 materialises the full [tokens, vocab] float32 logits (and one
     more such tensor for the entropy), kept for backward. `compile` fuses each chunk's passes (CUDA).
     The whole computation runs inside the model's own forward, so it works on FSDP2-sharded models.
     Prefixes: `share_prefixes` runs the model once per distinct prefix of the packed sequences (a GRPO

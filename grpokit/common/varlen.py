@@ -1,6 +1,6 @@
 """Packed-sequence ("varlen") attention for the trainer, registered as a transformers attention backend.
 
-Packing puts several sequences in one row. The dense alternative (grpokit.trainer.logprobs.packed_attention_mask)
+Packing puts several sequences in one row. The dense alternative (grpokit.common.logprobs.packed_attention_mask)
 builds a [T, T] block-diagonal mask, which costs T^2 memory and sends SDPA to a kernel that reads the
 whole mask. Here attention runs per sequence from cumulative lengths (cu_seqlens), the layout flash
 attention's varlen kernels take: on CUDA `torch.nn.attention.varlen.varlen_attn` (FlashAttention in
@@ -27,7 +27,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     if cu_seqlens is None:
         raise ValueError(
             f"attention backend {NAME!r} needs cu_seq_lens_q (packed "
-            "sequence boundaries); call it through grpokit.trainer.logprobs"
+            "sequence boundaries); call it through grpokit.common.logprobs"
         )
     max_len = int(kwargs.get("max_length_q"))
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]

@@ -1,5 +1,5 @@
 """Which environments have an episode of their own: a verifiers `Env` subclass with its own
-`run(task, agents)`, found by id, built with its config (grpokit.orchestrator.episodes plays it).
+`run(task, agents)`, found by id, built with its config (grpokit.environments.episodes plays it).
 
 An id names a taskset (`guess-number`) or, as verifiers names pairs, an Env and a taskset
 (`user-sim+reverse-text`: verifiers' user-sim Env over grpokit's reverse-text tasks). The Env class is

@@ -1,10 +1,10 @@
 """One multi-turn rollout as it grows, and what an environment answers between two assistant turns.
 
 A task (a verifiers Task of a grpokit environment) takes part in the conversation through optional
-members, found by name like `step_rewards` (grpokit.orchestrator.environment):
+members, found by name like `step_rewards` (grpokit.environments.environment):
 
     tools: list of Python functions the model may call (Hermes `<tool_call>` syntax,
-        grpokit.orchestrator.tools). Without `respond`, a reply with tool calls is answered with their
+        grpokit.environments.tools). Without `respond`, a reply with tool calls is answered with their
         results, and a reply without one ends the rollout.
     respond(messages, state) -> EnvTurn | list[dict] | None: the environment's turn after each reply
         (a simulated user, a game's next observation). `messages` is the chat so far, ending with the
@@ -15,11 +15,11 @@ members, found by name like `step_rewards` (grpokit.orchestrator.environment):
     tool_timeout: seconds a tool may run (else 10).
 
 A verifiers Task with `toolsets` (or whose Taskset has them) is multi-turn too: their `@vf.tool` methods
-are tools like `tools`, called in this process (grpokit.orchestrator.toolsets); the Example carries
+are tools like `tools`, called in this process (grpokit.environments.toolsets); the Example carries
 their ToolSource, and the rollout's toolsets are set up at its first tool call.
 
 Every assistant turn's tokens are the engine's; every environment token is rendered from the
-environment's messages alone (grpokit.orchestrator.chat_tokens) and has mask 0, logprob 0.
+environment's messages alone (grpokit.environments.chat_tokens) and has mask 0, logprob 0.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_calls
+from grpokit.environments.toolsets import SETUP_TIMEOUT
 from grpokit.inference import Completion
-from grpokit.orchestrator.tools import ToolResult, parse_tool_calls, run_tool_calls
-from grpokit.orchestrator.toolsets import SETUP_TIMEOUT
 
 log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0

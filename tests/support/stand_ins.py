@@ -15,7 +15,7 @@ class ToolReplyTask:
     max_turns = 3
 
     def respond(self, messages, state):
-        from grpokit.orchestrator.conversation import EnvTurn
+        from grpokit.environments import EnvTurn
 
         state["n"] = state.get("n", 0) + 1
         return EnvTurn(messages=[{"role": "tool", "content": f"result {state['n']}"}], reward=0.5)
@@ -33,8 +33,8 @@ class ChatLengthEnv:
 
 def play(env, example, replies: list[str]):
     """A multi-turn rollout without an engine: the model's `replies`, each answered by the environment's
-    turn (grpokit.orchestrator.conversation.environment_turn), until the environment ends the rollout."""
-    from grpokit.orchestrator.conversation import Conversation, environment_turn
+    turn (grpokit.environments.conversation.environment_turn), until the environment ends the rollout."""
+    from grpokit.environments.conversation import Conversation, environment_turn
 
     conv = Conversation(env, example, [], [dict(m) for m in example.messages])
     for reply in replies:

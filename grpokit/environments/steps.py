@@ -1,7 +1,7 @@
 """Reasoning steps of a completion: environments mark them in characters, advantages need tokens.
 
 An environment reports each step of a reply by the character offset just past its end
-(grpokit.orchestrator.environment.Environment.step_rewards); `token_step_ends` maps those offsets to completion-token
+(grpokit.environments.environment.Environment.step_rewards); `token_step_ends` maps those offsets to completion-token
 indices through the tokenizer's own decoding, the same decoding that produced the reply text.
 """
 

@@ -1,0 +1,240 @@
+"""The rollout driver: the one producer of every generation's groups, whole-batch and streamed.
+
+Groups are played in a GenerationStream (grpokit.orchestrator.group_play: single-turn, multi-turn and
+verifiers Env episodes alike); what differs between the two modes is only when prompts are admitted:
+
+- **Whole-batch** (`data.streaming: null`, the default): a generation's block of prompts is admitted at
+  once into an idle stream and played to its end; weights load only while the stream is idle, before
+  the generation starts. Admitted together into an idle stream and seeded with the block's seed, the
+  builtin engine's stream samples exactly what `generate` samples (grpokit.inference.streams). With
+  `buffer` resampling rounds, each round is another block, until enough groups pass `buffer.keep`.
+- **Streaming** (`data.streaming`): up to `max_inflight` groups (AReaL's max_concurrent_rollouts) in
+  the engine, a new one submitted as one finishes; a step's batch is the first groups that finish and
+  pass `buffer.keep` (dynamic sampling), the oldest first; unfinished rollouts continue across weight
+  updates (`on_update`).
+
+Written once for both:
+- Prompts come in blocks (`prompts.take(block)`, env ratios and easy/hard pools included), block b
+  sampled with seed `sampling.seed * 1_000_003 + b` when it starts an idle stream, group ids
+  `b * prompts_per_block + i`; too-long prompts are skipped and counted.
+- The async bound and the weights (grpokit.orchestrator.weights.WeightSchedule): a group is submitted
+  only once the engine holds the weights of the generation it will land in (counted from the groups
+  ready and in flight, as AReaL counts its staleness). With `data.deterministic` (the default) that is
+  exactly the scheduled step, loaded at the first submission that needs it, so where an update enters a
+  running stream is fixed by the counts of groups submitted and handed out, not by timing. So with
+  `max_async_level: 0` and `max_inflight` covering a step's prompts, streaming samples exactly what
+  whole-batch generation does. A group that finishes after its step's batch was formed trains in the
+  next, one step older than the bound: `max_off_policy_steps` (by a group's oldest token) is the limit.
+- `buffer.keep` and the easy/hard pools see every finished group once; timeline.jsonl gets a `group`
+  span per group (submitted to finished, with its weight steps) and a `weights` mark per update.
+
+Not streamed (refused at start): a temperature schedule. Whole-batch generation opens a stream per
+temperature when a schedule changes it. Server engines (RemoteEngine, VLLMEngine) play whole batches
+through `generate` (grpokit.inference.streams.BatchedStream), whose requests go to each server in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from grpokit.common.timeline import record_timeline
+from grpokit.orchestrator.group_play import GroupPlay, PendingGroup, whole_batch_stream
+from grpokit.orchestrator.prompt_length import split_by_length
+from grpokit.orchestrator.rollouts import TurnLimits
+from grpokit.orchestrator.streaming import StreamingSettings
+from grpokit.types import Rollout
+
+if TYPE_CHECKING:
+    from grpokit.orchestrator.loop import RolloutLoop
+
+Groups = list[list[Rollout]]
+
+
+class RolloutDriver:
+    """A RolloutLoop's groups, generation by generation (see the module docstring)."""
+
+    def __init__(self, loop: RolloutLoop, streaming: StreamingSettings | None) -> None:
+        self.loop, self.streaming = loop, streaming
+        config = loop.config
+        self.group_size = config.rollouts_per_example
+        self.needed = loop.shape.prompts_per_step * loop.shape.steps_per_generation
+        self.budget = min(config.seq_len, loop.engine.context_length() or config.seq_len)
+        self.max_inflight = streaming.max_inflight if streaming is not None else loop.prompts_per_block()
+        self.play: GroupPlay | None = None
+        self.temperature: float | None = None  # the open stream's
+        self.prompts: deque[PendingGroup] = deque()
+        self.next_block: int | None = None
+        self.ready: Groups = []  # finished groups that passed buffer.keep, not yet handed out
+        self.dropped: Groups = []  # finished groups buffer.keep refused, since the last hand-out
+        self.too_long = 0
+        self.generation = 0
+
+    @property
+    def stream(self):
+        return self.play.stream if self.play is not None else None
+
+    def select_groups(self, generation: int) -> tuple[Groups, Groups, int]:
+        """(every group finished for `generation` since the last hand-out, the groups it trains on in
+        submission order, the prompts skipped as too long)."""
+        self.generation = generation
+        self._open(self.loop.temperature(generation))
+        if self.streaming is None:
+            return self._whole_generation(generation)
+        return self._streamed_generation(generation)
+
+    def load(self, update) -> None:
+        """Load `update` into the engine through the open stream (its unfinished rows continue or restart
+        with it), and mark it on the timeline."""
+        start = time.time()
+        if self.play is not None:
+            self.play.stream.load_weights(update)
+        else:
+            self.loop.engine.load_weights(update)
+        inflight = self.play.stream.inflight if self.play is not None else 0
+        record_timeline(self.loop.run_dir, "weights", update.step, start, time.time(), inflight=inflight)
+
+    def close(self) -> None:
+        if self.play is not None:
+            self.play.close()
+            self.play = None
+
+    # --- the two admissions ----------------------------------------------------------------------
+
+    def _whole_generation(self, generation: int) -> tuple[Groups, Groups, int]:
+        """Each round's block admitted whole into the idle stream and played to its end, until enough
+        groups pass buffer.keep or the rounds are used up (as many as a generation reserves)."""
+        loop = self.loop
+        generated, kept, too_long = [], [], 0
+        for round_ in range(loop.config.buffer.rounds):
+            self.prompts.clear()
+            self.next_block = generation * loop.config.buffer.rounds + round_
+            too_long += self._take_block()
+            for pending in list(self.prompts):
+                self._submit(pending)
+            self.prompts.clear()
+            while self.play.open:
+                self._check_stopping()
+                self._finish_all(self.play.advance())
+            generated += sorted(self.ready + self.dropped, key=lambda g: g[0].group_id)
+            kept += sorted(self.ready, key=lambda g: g[0].group_id)
+            self.ready, self.dropped = [], []
+            if len(kept) >= self.needed:
+                break
+        self.next_block = None
+        return generated, kept[: self.needed], too_long
+
+    def _streamed_generation(self, generation: int) -> tuple[Groups, Groups, int]:
+        """Stream until enough groups have passed; those past what a generation needs wait for the next."""
+        loop, needed = self.loop, self.needed
+        if self.next_block is None:
+            self.next_block = generation * loop.config.buffer.rounds
+        idle_since = None
+        while len(self.ready) < needed:
+            self._check_stopping()
+            if not loop.schedule.deterministic:  # the newest weights, between any two decode steps
+                loop.schedule.poll(loop.engine.weight_step + 1, self.load)
+            self._fill()
+            if self.play.open == 0:  # nothing may start yet: waiting for weights
+                idle_since = idle_since or time.monotonic()
+                self._check_wait(idle_since)
+                time.sleep(0.05)
+                continue
+            idle_since = None
+            self._finish_all(self.play.advance())
+        self.ready.sort(key=lambda g: (min(r.policy_step for r in g), g[0].group_id))  # the oldest first
+        kept, self.ready = sorted(self.ready[:needed], key=lambda g: g[0].group_id), self.ready[needed:]
+        generated = sorted(kept + self.dropped, key=lambda g: g[0].group_id)  # what the step's metrics describe
+        too_long, self.dropped, self.too_long = self.too_long, [], 0
+        return generated, kept, too_long
+
+    def _fill(self) -> None:
+        """Fill the stream up to max_inflight with groups whose generation the weights allow.
+
+        Deterministic schedule: the weights a group needs load exactly when the first group that needs
+        them is submitted, a point fixed by the counts of groups submitted and handed out, never by when
+        the trainer published them: the stream waits there (no decode step) if the trainer is late and
+        can deliver without another batch; otherwise submitting stops until this generation's batch is
+        handed out."""
+        loop = self.loop
+        schedule = loop.schedule
+        while self.play.open < self.max_inflight:
+            target = self.generation + (len(self.ready) + self.play.open) // self.needed
+            step = schedule.needed(target)
+            if loop.engine.weight_step < step:
+                if not schedule.deterministic or not schedule.deliverable(step, self.generation):
+                    return
+                schedule.wait(step, loop.stopping, loop.announce, self.load)
+            while not self.prompts:
+                self.too_long += self._take_block()
+            self._submit(self.prompts.popleft())
+
+    # --- prompts in, groups out --------------------------------------------------------------------
+
+    def _take_block(self) -> int:
+        """Queue the prompts of block `next_block` (as numbered and seeded above) and move on to the
+        next; the number skipped as too long."""
+        loop = self.loop
+        per_block, block = loop.prompts_per_block(), self.next_block
+        self.next_block += 1
+        prompts, ids, skipped = split_by_length(loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit)
+        seed = loop.block_seed(block)
+        for g, ((env, ex), prompt_ids) in enumerate(zip(prompts, ids)):
+            self.prompts.append(PendingGroup(env, ex, prompt_ids, block * per_block + g, seed))
+        return skipped
+
+    def _submit(self, pending: PendingGroup) -> None:
+        pending.submitted = time.time()
+        self.play.submit(pending)
+
+    def _finish_all(self, completed: list[tuple[PendingGroup, list[Rollout]]]) -> None:
+        """Completed groups: the pools, dynamic sampling (buffer.keep), the timeline."""
+        loop, keep = self.loop, self.loop.config.buffer.keep
+        for p, rollouts in completed:
+            rewards = [r.reward for r in rollouts]
+            if loop.pools is not None:
+                loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
+            (self.ready if keep(rewards) else self.dropped).append(rollouts)
+            steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
+            record_timeline(
+                loop.run_dir,
+                "group",
+                self.generation,
+                p.submitted,
+                time.time(),
+                group_id=p.group_id,
+                first_weights=min(steps),
+                last_weights=max(steps),
+            )
+
+    def _open(self, temperature: float) -> None:
+        """The stream at this generation's temperature (a schedule changes it between whole batches)."""
+        if self.play is not None and self.temperature == temperature:
+            return
+        self.close()
+        loop, config = self.loop, self.loop.config
+        sampling = replace(config.sampling, temperature=temperature)
+        rows = self.max_inflight * self.group_size
+        if self.streaming is None:
+            stream = whole_batch_stream(loop.engine, sampling, rows, self.budget)  # a row holds the budget
+        else:
+            stream = loop.engine.open_stream(sampling, rows, self.streaming.on_update, self.budget)
+        self.play = GroupPlay(stream, loop.engine, loop.tokenizer, self.group_size, self._turns())
+        self.temperature = temperature
+
+    def _turns(self) -> TurnLimits:
+        return TurnLimits(self.loop.config.max_turns, self.loop.config.seq_len)
+
+    def _check_stopping(self) -> None:
+        if self.loop.stopping.is_set():
+            raise RuntimeError("orchestrator stopped while sampling rollouts")
+
+    def _check_wait(self, since: float) -> None:
+        schedule = self.loop.schedule
+        if time.monotonic() - since > schedule.timeout:
+            raise TimeoutError(
+                f"streaming rollouts: no weights new enough for the next group after {schedule.timeout:.0f}s "
+                f"({schedule.timeout_key}); is the trainer publishing through the same broadcast?"
+            )
