@@ -22,7 +22,7 @@ class WeightBroadcast(ABC):
     `keeps_steps`: `poll(..., upto=...)` can return a step older than the newest (FilesystemBroadcast and
     IPCBroadcast keep their last steps, NCCLBroadcast's receiver keeps what it received and was not yet
     loaded); False where only the newest exists (VLLMNCCLBroadcast applies each step inside vLLM as it
-    arrives), which the deterministic schedule refuses at start.
+    arrives), which the deterministic schedule refuses at start when max_async_level >= 1.
 
         `applies_norm_weights`: the broadcast itself puts `update.norm_tensors` (QeRL's noisy RMSNorm weights)
         into the engine's model (VLLMNCCLBroadcast, into vLLM's worker), so the engine need not load them.

@@ -62,7 +62,9 @@ class WeightSchedule:
     batch then depends on timing).
 
     A step that can no longer be loaded (a resumed run whose broadcast pruned it) is replaced by the
-    oldest newer one, with a warning that the run no longer reproduces bit for bit.
+    oldest newer one, with a warning that the run no longer reproduces bit for bit. At max_async_level 0
+    the newest published step is the scheduled one (the trainer cannot publish past it without the
+    batch), so any broadcast serves; at k >= 1 the broadcast must keep steps (`keeps_steps`).
     """
 
     def __init__(
@@ -75,7 +77,9 @@ class WeightSchedule:
         timeout: float,
         timeout_key: str,
     ) -> None:
-        if deterministic and not broadcast.keeps_steps:
+        # at max_async_level 0 the newest published step is the scheduled one (the trainer cannot be ahead)
+        self.exact = deterministic and max_async_level > 0
+        if self.exact and not broadcast.keeps_steps:
             raise ValueError(
                 f"data.deterministic samples each batch with one given weight step, which {type(broadcast).__name__} "
                 "cannot hand out (it keeps only the newest): set data.deterministic: false, or use "
@@ -103,8 +107,8 @@ class WeightSchedule:
         held = self.engine.weight_step
         if held >= step:
             return True
-        update = self.source.poll(held, upto=step) if self.deterministic else self.source.poll(held)
-        if update is None and self.deterministic:
+        update = self.source.poll(held, upto=step) if self.exact else self.source.poll(held)
+        if update is None and self.exact:
             update = self._replacement(step)
         if update is not None:
             (load or self.engine.load_weights)(update)

@@ -75,6 +75,7 @@ def test_a_broadcast_that_keeps_only_the_newest_is_refused(tmp_path):
     broadcast.keeps_steps = False
     with pytest.raises(ValueError, match="data.deterministic: false"):
         _schedule(broadcast, _Engine(), deterministic=True)
+    assert not _schedule(broadcast, _Engine(), deterministic=True, k=0).exact  # k = 0: the newest is the step
 
 
 def _fit(tmp_path, tiny_model, name: str, *overrides: str) -> tuple[list[dict], dict]:
