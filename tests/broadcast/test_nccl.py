@@ -248,3 +248,17 @@ def test_two_processes_over_gloo_receive_bit_identical_weights(tmp_path):
 
 if __name__ == "__main__":
     {"trainer": trainer, "engine": engine}[sys.argv[1]](int(sys.argv[2]), Path(sys.argv[3]))
+
+
+def test_the_receiver_keeps_steps_the_engine_has_not_passed():
+    """data.deterministic: poll(after_step, upto) hands out the newest received step up to `upto`, though a
+    newer one has arrived; the steps the engine has passed are forgotten."""
+    b = NCCLBroadcast(backend="gloo")
+    b._take_role(1)
+    b._thread = object()  # no receiver thread: the received updates are put in by hand
+    b._received = {s: WeightUpdate(step=s, tensors={"w": torch.tensor(float(s))}) for s in (1, 2, 3)}
+    assert b.poll(0, upto=1).step == 1
+    assert b.poll(1, upto=2).step == 2 and sorted(b._received) == [2, 3]
+    assert b.poll(2, upto=2) is None
+    assert b.poll(2).step == 3  # without a bound: the newest
+    assert b.poll(3) is None and b._received == {}
