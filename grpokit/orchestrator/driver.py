@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 from grpokit.common.timeline import record_timeline
 from grpokit.orchestrator.group_play import GroupPlay, PendingGroup, whole_batch_stream
 from grpokit.orchestrator.prompt_length import split_by_length
-from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.types import Rollout
 
@@ -72,10 +71,6 @@ class RolloutDriver:
         self.too_long = 0
         self.generation = 0
 
-    @property
-    def stream(self):
-        return self.play.stream if self.play is not None else None
-
     def select_groups(self, generation: int) -> tuple[Groups, Groups, int]:
         """(every group finished for `generation` since the last hand-out, the groups it trains on in
         submission order, the prompts skipped as too long)."""
@@ -88,12 +83,9 @@ class RolloutDriver:
     def load(self, update) -> None:
         """Load `update` into the engine through the open stream (its unfinished rows continue or restart
         with it), and mark it on the timeline."""
-        start = time.time()
-        if self.play is not None:
-            self.play.stream.load_weights(update)
-        else:
-            self.loop.engine.load_weights(update)
-        inflight = self.play.stream.inflight if self.play is not None else 0
+        start, stream = time.time(), self.play.stream if self.play is not None else None
+        (stream.load_weights if stream is not None else self.loop.engine.load_weights)(update)
+        inflight = stream.inflight if stream is not None else 0
         record_timeline(self.loop.run_dir, "weights", update.step, start, time.time(), inflight=inflight)
 
     def close(self) -> None:
@@ -109,12 +101,10 @@ class RolloutDriver:
         loop = self.loop
         generated, kept, too_long = [], [], 0
         for round_ in range(loop.config.buffer.rounds):
-            self.prompts.clear()
-            self.next_block = generation * loop.config.buffer.rounds + round_
-            too_long += self._take_block()
-            for pending in list(self.prompts):
+            block, skipped = self._block(generation * loop.config.buffer.rounds + round_)
+            too_long += skipped
+            for pending in block:
                 self._submit(pending)
-            self.prompts.clear()
             while self.play.open:
                 self._check_stopping()
                 self._finish_all(self.play.advance())
@@ -123,26 +113,16 @@ class RolloutDriver:
             self.ready, self.dropped = [], []
             if len(kept) >= self.needed:
                 break
-        self.next_block = None
         return generated, kept[: self.needed], too_long
 
     def _streamed_generation(self, generation: int) -> tuple[Groups, Groups, int]:
         """Stream until enough groups have passed; those past what a generation needs wait for the next."""
         loop, needed = self.loop, self.needed
-        if self.next_block is None:
-            self.next_block = generation * loop.config.buffer.rounds
-        idle_since = None
         while len(self.ready) < needed:
             self._check_stopping()
             if not loop.schedule.deterministic:  # the newest weights, between any two decode steps
                 loop.schedule.poll(loop.engine.weight_step + 1, self.load)
             self._fill()
-            if self.play.open == 0:  # nothing may start yet: waiting for weights
-                idle_since = idle_since or time.monotonic()
-                self._check_wait(idle_since)
-                time.sleep(0.05)
-                continue
-            idle_since = None
             self._finish_all(self.play.advance())
         self.ready.sort(key=lambda g: (min(r.policy_step for r in g), g[0].group_id))  # the oldest first
         kept, self.ready = sorted(self.ready[:needed], key=lambda g: g[0].group_id), self.ready[needed:]
@@ -157,33 +137,38 @@ class RolloutDriver:
         them is submitted, a point fixed by the counts of groups submitted and handed out, never by when
         the trainer published them: the stream waits there (no decode step) if the trainer is late and
         can deliver without another batch; otherwise submitting stops until this generation's batch is
-        handed out."""
+        handed out. Not deterministic: the groups in flight decode on while the weights are missing, and
+        the stream waits only once nothing is in flight. Either way the stream never returns empty."""
         loop = self.loop
         schedule = loop.schedule
         while self.play.open < self.max_inflight:
             target = self.generation + (len(self.ready) + self.play.open) // self.needed
             step = schedule.needed(target)
             if loop.engine.weight_step < step:
-                if not schedule.deterministic or not schedule.deliverable(step, self.generation):
+                may_wait = schedule.deterministic and schedule.deliverable(step, self.generation)
+                if not may_wait and self.play.open:
                     return
                 schedule.wait(step, loop.stopping, loop.announce, self.load)
             while not self.prompts:
-                self.too_long += self._take_block()
+                if self.next_block is None:
+                    self.next_block = self.generation * loop.config.buffer.rounds
+                block, skipped = self._block(self.next_block)
+                self.next_block, self.too_long = self.next_block + 1, self.too_long + skipped
+                self.prompts.extend(block)
             self._submit(self.prompts.popleft())
 
     # --- prompts in, groups out --------------------------------------------------------------------
 
-    def _take_block(self) -> int:
-        """Queue the prompts of block `next_block` (as numbered and seeded above) and move on to the
-        next; the number skipped as too long."""
+    def _block(self, block: int) -> tuple[list[PendingGroup], int]:
+        """The prompts of prompt block `block` (numbered and seeded as above), and how many were skipped as
+        too long."""
         loop = self.loop
-        per_block, block = loop.prompts_per_block(), self.next_block
-        self.next_block += 1
+        per_block = loop.prompts_per_block()
         prompts, ids, skipped = split_by_length(loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit)
         seed = loop.block_seed(block)
-        for g, ((env, ex), prompt_ids) in enumerate(zip(prompts, ids)):
-            self.prompts.append(PendingGroup(env, ex, prompt_ids, block * per_block + g, seed))
-        return skipped
+        first = block * per_block
+        pending = [PendingGroup(env, ex, p, first + g, seed) for g, ((env, ex), p) in enumerate(zip(prompts, ids))]
+        return pending, skipped
 
     def _submit(self, pending: PendingGroup) -> None:
         pending.submitted = time.time()
@@ -221,20 +206,9 @@ class RolloutDriver:
             stream = whole_batch_stream(loop.engine, sampling, rows, self.budget)  # a row holds the budget
         else:
             stream = loop.engine.open_stream(sampling, rows, self.streaming.on_update, self.budget)
-        self.play = GroupPlay(stream, loop.engine, loop.tokenizer, self.group_size, self._turns())
+        self.play = GroupPlay(stream, loop.engine, loop.tokenizer, self.group_size, loop.turns)
         self.temperature = temperature
-
-    def _turns(self) -> TurnLimits:
-        return TurnLimits(self.loop.config.max_turns, self.loop.config.seq_len)
 
     def _check_stopping(self) -> None:
         if self.loop.stopping.is_set():
             raise RuntimeError("orchestrator stopped while sampling rollouts")
-
-    def _check_wait(self, since: float) -> None:
-        schedule = self.loop.schedule
-        if time.monotonic() - since > schedule.timeout:
-            raise TimeoutError(
-                f"streaming rollouts: no weights new enough for the next group after {schedule.timeout:.0f}s "
-                f"({schedule.timeout_key}); is the trainer publishing through the same broadcast?"
-            )

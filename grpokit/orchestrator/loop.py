@@ -83,6 +83,7 @@ class RolloutLoop:
         self.config, self.shape = config, config.shape
         self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
         self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
+        self.turns = TurnLimits(config.max_turns, config.seq_len)  # how long a multi-turn rollout may grow
         self.pack_trees = config.packing == "prefix_tree" or (config.packing == "auto" and trainer_shares_prefixes)
         self.schedule = WeightSchedule(
             engine,
@@ -112,7 +113,7 @@ class RolloutLoop:
                 config.sampling,
                 self.run_dir,
                 start_step,
-                TurnLimits(config.max_turns, config.seq_len),
+                self.turns,
             )
         self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
         if config.kl_in_reward is not None:
