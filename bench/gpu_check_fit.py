@@ -11,12 +11,15 @@ logprobs agree (token_mult_prob_error), and how long the steps take.
     python bench/gpu_check_fit.py --out $OUT          # builds the random model, runs fit, checks, writes JSON
     python bench/gpu_check_fit.py --sync --out $OUT   # max_async_level 0: every step's logprobs checked
     python bench/gpu_check_fit.py --accelerator cpu --steps 2 --extra --data.batch_size 8   # CPU smoke test
+    python bench/gpu_check_fit.py --repeats 2 --out $OUT --extra --trainer.deterministic true
+        # two runs of one recipe and seed: are their losses, logprob errors and last weights bit-identical?
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -73,13 +76,48 @@ def main() -> int:
         help="max_async_level 0: every step samples with the trainer's weights, so every step's "
         "token_mult_prob_error (not only step 0's) measures engine vs trainer, the adapter push included",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run fit this many times (same recipe, same seed) and report whether the runs are bit-identical",
+    )
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more grpokit fit arguments")
     args = p.parse_args()
     if args.prepare:
         prepare()
         return 0
-    gpu = args.accelerator == "gpu"
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.repeats == 1:
+        summary = run_fit(args, args.out)
+        ok = summary["ok"]
+    else:
+        runs = [run_fit(args, args.out / f"run_{i}") for i in range(args.repeats)]
+        same = lambda key: all(r[key] == runs[0][key] for r in runs)  # noqa: E731
+        keys = ("loss", "token_mult_prob_error", "last_weights_sha256")
+        summary = {
+            "runs": runs,
+            "identical": {key: same(key) for key in keys},
+            "bit_identical": all(same(key) for key in keys),
+        }
+        ok = all(r["ok"] for r in runs)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return 0 if ok else 1
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over a published step's files (adapter or full weights), in name order: bit-identical or not."""
+    digest = hashlib.sha256()
+    for f in sorted(folder.rglob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def run_fit(args: argparse.Namespace, out: Path) -> dict:
+    """One `grpokit fit` on a fresh random model (seed 0); its summary, with `ok` and the log under `out`."""
+    gpu = args.accelerator == "gpu"
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
         random_model(model)
@@ -113,14 +151,14 @@ def main() -> int:
             *args.extra,
         ]
         start = time.perf_counter()
-        with open(args.out / "fit.log", "w") as log:
+        with open(out / "fit.log", "w") as log:
             env = {**os.environ, "GRPOKIT_LOG_LEVEL": "DEBUG"}  # each decode graph's capture and its seconds
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env).returncode
         wall = time.perf_counter() - start
         run = Path(tmp) / "gpu"
         for name in ("timeline.jsonl", "metrics.csv"):  # per-group spans and weight loads: why a step waited
             if (run / name).exists():
-                shutil.copy2(run / name, args.out / name)
+                shutil.copy2(run / name, out / name)
         rows = [r for r in csv.DictReader(open(run / "metrics.csv"))] if (run / "metrics.csv").exists() else []
         steps = [r for r in rows if r.get("loss")]
         column = lambda name: [float(r[name]) for r in steps if r.get(name)]  # noqa: E731
@@ -131,6 +169,9 @@ def main() -> int:
             "published": sorted(int(d.name.split("_")[1]) for d in (run / "broadcasts").glob("step_*"))
             if (run / "broadcasts").exists()
             else [],
+            "last_weights_sha256": weights_digest(run / "broadcasts" / f"step_{args.steps}")
+            if (run / "broadcasts" / f"step_{args.steps}").exists()
+            else None,
             "checkpoints": sorted(c.name for c in (run / "checkpoints").glob("*.ckpt"))
             if (run / "checkpoints").exists()
             else [],
@@ -152,11 +193,9 @@ def main() -> int:
     # batches come from one step older weights), so it alone measures engine-vs-trainer numerics; --sync
     # makes every step such a step
     summary["ok"] = ok
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
     if not ok:
-        print((args.out / "fit.log").read_text()[-4000:], file=sys.stderr)
-    return 0 if ok else 1
+        print((out / "fit.log").read_text()[-4000:], file=sys.stderr)
+    return summary
 
 
 if __name__ == "__main__":

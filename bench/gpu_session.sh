@@ -16,6 +16,9 @@
 #   fit_sync       grpokit fit at max_async_level 0: every step's token_mult_prob_error is engine vs
 #                  trainer on the same weights, the adapter's push included (passed on an H200)
 #   fit            grpokit fit end to end on the GPU (bench/gpu_check_fit.py; passed on an H200)
+#   fit_repro      two runs of that fit with --trainer.deterministic true: are the losses, the logprob
+#                  errors and the last published weights bit-identical (issue 33; yes on an H200)?
+#   fit_repro_plain  the same two runs without --trainer.deterministic (only data.deterministic; yes too)
 #   step           bench step (whole-batch, max_async_level 1 overlap) through Policy (ran on an H200)
 #   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
 #                  logprob against its own step's weights (bench/gpu_check_engine.py --checks stream)
@@ -76,6 +79,10 @@ check() {  # check NAME: one check of the list above
       --steps 5 --groups 16 --group-size 8 --prompt-len 64 --max-tokens 512 --repeats 2 --train \
       --json "$WORK/stream.json" ;;
     fit) run fit 200 python3 bench/gpu_check_fit.py --out "$WORK/fit" ;;
+    fit_repro) run fit_repro 330 python3 bench/gpu_check_fit.py --repeats 2 --out "$WORK/fit_repro" \
+      --extra --trainer.deterministic true ;;
+    fit_repro_plain) run fit_repro_plain 330 python3 bench/gpu_check_fit.py --repeats 2 \
+      --out "$WORK/fit_repro_plain" ;;
     fit_stream) run fit_stream 200 python3 bench/gpu_check_fit.py --out "$WORK/fit_stream" \
       --extra --data.streaming '{max_inflight: 8, on_update: continue}' ;;
     fit_sync) run fit_sync 200 python3 bench/gpu_check_fit.py --sync --out "$WORK/fit_sync" ;;
@@ -91,7 +98,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(train grpo stream fit_stream fit_sync fit step engine_stream)
+[ ${#checks[@]} -gt 0 ] || checks=(grpo fit_stream engine_stream fit_repro train stream fit_sync fit step)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys
