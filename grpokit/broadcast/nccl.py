@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.waits import check_seconds
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,7 @@ class NCCLBroadcast(WeightBroadcast):
             raise ValueError(f"broadcast.init_args.backend must be 'nccl' or 'gloo', got {backend!r}")
         if bucket_mb <= 0:
             raise ValueError(f"broadcast.init_args.bucket_mb must be > 0, got {bucket_mb}")
+        check_seconds("broadcast.init_args.timeout", timeout)
         self.host, self.port, self.timeout, self.backend = host, port, timeout, backend
         self.bucket_bytes = bucket_mb << 20
         self.rank: int | None = None

@@ -5,6 +5,7 @@ a process that waits without a word looks hung, and one started before its peer 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 log = logging.getLogger("grpokit.waits")
@@ -24,3 +25,13 @@ class WaitNotice:
         if now >= self.next:
             log.info("%s (waiting %.0fs)", self.message, now - self.start)
             self.next = now + self.every
+
+
+def check_seconds(key: str, value: float | None, none_ok: bool = False) -> None:
+    """Refuse a timeout that is not a finite number of seconds > 0, naming its recipe key: NaN compares
+    false with everything, so a wait bounded by it never ends; inf overflows the clocks' arithmetic."""
+    if value is None and none_ok:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ValueError(f"{key} must be a finite number of seconds > 0, got {value!r}; set a positive number")

@@ -12,7 +12,7 @@ members, found by name like `step_rewards` (grpokit.environments.environment):
         EnvTurn with done=True) ends the rollout. A task with both `tools` and `respond` gets the tool
         results for a reply with calls, and `respond` for a reply without.
     max_turns: the most assistant turns of a rollout (else data.max_turns).
-    tool_timeout: seconds a tool may run (else 10).
+    tool_timeout: seconds a tool may run (else 10): a finite number > 0, else the run stops naming it.
 
 A verifiers Task with `toolsets` (or whose Taskset has them) is multi-turn too: their `@vf.tool` methods
 are tools like `tools`, called in this process (grpokit.environments.toolsets); the Example carries
@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.common.errors import RunDataError
+from grpokit.environments.environment import MAX_ABS_REWARD, is_moderate, is_number
 from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_calls
 from grpokit.environments.toolsets import SETUP_TIMEOUT
 from grpokit.inference import Completion
@@ -136,7 +139,7 @@ def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
             return EnvTurn(done=True)
         if calls:
             tools.update(_toolset_tools(conv, source))
-            results = run_tool_calls(tools, calls, float(getattr(task, "tool_timeout", DEFAULT_TOOL_TIMEOUT)))
+            results = run_tool_calls(tools, calls, tool_timeout(conv))
             _count(conv, results)
             return EnvTurn(messages=[{"role": "tool", "content": r.content} for r in results])
         respond = getattr(task, "respond", None)
@@ -194,7 +197,35 @@ def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
             f"environment {conv.env.name!r} example {conv.example.index}: respond() returned no messages and "
             "done=False; return None (or done=True) to end the rollout"
         )
+    if turn.reward is not None and not (is_number(turn.reward) and _is_moderate_number(turn.reward)):
+        raise RunDataError(  # held to the rule of rubric rewards: a NaN would zero its group's advantages
+            f"environment {conv.env.name!r} example {conv.example.index}: respond() returned a turn reward of "
+            f"{turn.reward!r:.100} ({type(turn.reward).__name__}); EnvTurn.reward must be None or a finite number "
+            f"(not str or bool) with |reward| <= {MAX_ABS_REWARD:g}"
+        )
     return turn
+
+
+def _is_moderate_number(value: Any) -> bool:
+    try:
+        return is_moderate(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def tool_timeout(conv: Conversation) -> float:
+    """The task's `tool_timeout` (else DEFAULT_TOOL_TIMEOUT); 0, a negative number, NaN, inf or a
+    non-number would make every call time out at once or never, so it stops the run naming the task."""
+    value = getattr(conv.example.task, "tool_timeout", None)
+    if value is None:
+        return DEFAULT_TOOL_TIMEOUT
+    seconds = float(value) if is_number(value) and isinstance(value, numbers.Real) else math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RunDataError(
+            f"environment {conv.env.name!r} example {conv.example.index}: the task's tool_timeout is {value!r:.50}; "
+            f"set it to a finite number of seconds > 0 (or leave it out for {DEFAULT_TOOL_TIMEOUT:g} s)"
+        )
+    return seconds
 
 
 def _count(conv: Conversation, results: list[ToolResult]) -> None:

@@ -62,6 +62,24 @@ class EnvSpec:
     ratio: float | None = None
     env_args: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.ratio is not None and not (is_number(self.ratio) and math.isfinite(self.ratio) and self.ratio >= 0):
+            raise ValueError(
+                f"data.env {self.id!r}: ratio must be a finite number >= 0 (its share of each step's prompts), "
+                f"got {self.ratio!r}"
+            )
+
+
+def check_unique_names(specs: list[EnvSpec], key: str) -> None:
+    """Two environments of one name would share buffer keys, metrics and samples: refuse them, naming `key`."""
+    names = [spec.name or spec.id for spec in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"{key} names the environment(s) {twice} more than once (metrics and buffer keys are per name); "
+            "give each entry its own `name`"
+        )
+
 
 @dataclass
 class Example:

@@ -38,6 +38,7 @@ from transformers import AutoTokenizer
 
 from grpokit.common.errors import RunDataError
 from grpokit.common.models import resolve_model
+from grpokit.common.waits import check_seconds
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings
 from grpokit.types import WeightUpdate
 
@@ -96,6 +97,7 @@ class RemoteEngine(InferenceEngine):
         self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not self.base_urls:
             raise ValueError("inference.init_args.base_url needs at least one server URL")
+        check_seconds("inference.init_args.timeout", timeout)
         self.model_name, self.timeout, self.max_retries, self.max_concurrency = (
             model_name,
             timeout,

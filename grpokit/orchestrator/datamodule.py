@@ -21,8 +21,8 @@ from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.collectives import rank_and_world
 from grpokit.common.errors import RunDataError
-from grpokit.common.waits import WaitNotice
-from grpokit.environments.environment import Environment, EnvSpec
+from grpokit.common.waits import WaitNotice, check_seconds
+from grpokit.environments.environment import Environment, EnvSpec, check_unique_names
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
@@ -159,6 +159,11 @@ class Orchestrator(L.LightningDataModule):
         if transport is None:
             transport = FilesystemTransport()
         self.env_specs = env or [EnvSpec(id="reverse-text")]
+        check_unique_names(self.env_specs, "data.env")
+        if eval is not None and eval.env is not None:
+            check_unique_names(eval.env, "data.eval.env")
+        if num_logged_samples < 0:
+            raise ValueError(f"data.num_logged_samples must be >= 0 (0 logs none), got {num_logged_samples}")
         self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
         self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
         seed = 0 if seed is None else seed  # the CLI fills null from seed_everything; 0 when built directly
@@ -182,8 +187,8 @@ class Orchestrator(L.LightningDataModule):
         self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
         self.max_off_policy_steps = max_off_policy_steps
         self.num_logged_samples, self.timeout, self.weights_timeout = num_logged_samples, timeout, weights_timeout
-        if timeout <= 0 or (weights_timeout is not None and weights_timeout <= 0):
-            raise ValueError(f"data.timeout ({timeout}) and data.weights_timeout ({weights_timeout}) must be > 0")
+        check_seconds("data.timeout", timeout)
+        check_seconds("data.weights_timeout", weights_timeout, none_ok=True)
         self.buffer = buffer or BufferSettings()
         self.eval_settings = eval
         self.expert, self.kl_in_reward = expert, kl_in_reward

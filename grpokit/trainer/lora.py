@@ -4,6 +4,7 @@ tensors and config a WeightUpdate carries to the engine."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,10 @@ class LoraSettings:
         if self.rank < 1:
             raise ValueError(
                 f"model.lora.rank must be >= 1, got {self.rank} (set model.lora: null to train all weights)"
+            )
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(
+                f"model.lora.alpha must be a finite number > 0 (the update is alpha / rank * B A), got {self.alpha}"
             )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")

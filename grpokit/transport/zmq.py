@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 
+from grpokit.common.waits import check_seconds
 from grpokit.transport import Transport
 from grpokit.transport.codec import decode_batch, encode_batch
 from grpokit.types import TrainingBatch
@@ -72,6 +73,8 @@ class ZMQTransport(Transport):
         """
         if hwm < 1:
             raise ValueError(f"data.transport hwm must be >= 1 (ZMQ reads 0 as no limit), got {hwm}")
+        check_seconds("data.transport send_timeout", send_timeout)
+        check_seconds("data.transport close_timeout", close_timeout)
         self.host, self.port, self.hwm = host, port, hwm
         self.max_message_bytes, self.send_timeout, self.close_timeout = max_message_bytes, send_timeout, close_timeout
         self.rejected = 0  # malformed messages received and discarded

@@ -185,3 +185,49 @@ def test_bad_step_rewards_name_the_environment_and_example(bad_env, reply):
         match=rf"environment 'bad-reward-env' example 0: step_rewards returned .*ascending ends in 1..{len(reply)}",
     ):
         env.step_rewards(env.examples[:1], [reply])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -float("inf"), 1e300, "0.5", True, [1.0]], ids=repr)
+def test_a_bad_turn_reward_names_the_environment_and_example(reward):
+    """EnvTurn.reward (the `process` advantage's per-turn reward) is held to the rubric rewards' rule: a NaN
+    would zero its whole group's advantages, inf make them NaN, a str or bool become a number."""
+    from types import SimpleNamespace
+
+    from grpokit.environments import EnvTurn
+    from grpokit.environments.conversation import Conversation, environment_turn
+
+    class Game:
+        def __init__(self, reward):
+            self.reward = reward
+
+        def respond(self, messages, state):
+            return EnvTurn(messages=[{"role": "user", "content": "again"}], reward=self.reward)
+
+    conv = Conversation(SimpleNamespace(name="game"), SimpleNamespace(index=4, task=Game(0.25)), [], [])
+    conv.messages = [{"role": "assistant", "content": "move"}]
+    assert environment_turn(conv).reward == 0.25
+    conv.example.task = Game(reward)
+    with pytest.raises(ValueError, match=r"environment 'game' example 4: respond\(\) returned a turn reward of"):
+        environment_turn(conv)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "5", True])
+def test_a_bad_tool_timeout_names_the_environment_and_example(timeout):
+    """A task's tool_timeout of 0, -1 or NaN made every call "take longer than nan s"; inf raised an
+    OverflowError blamed on the tool."""
+    from types import SimpleNamespace
+
+    from grpokit.environments.conversation import Conversation, environment_turn
+
+    def ping() -> str:
+        return "pong"
+
+    conv = Conversation(SimpleNamespace(name="tools"), SimpleNamespace(index=2, task=None), [], [])
+    conv.messages = [{"role": "assistant", "content": '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'}]
+    conv.example.task = SimpleNamespace(tools=[ping], tool_timeout=2.5)
+    assert environment_turn(conv).messages == [{"role": "tool", "content": "pong"}]
+    conv.example.task = SimpleNamespace(tools=[ping], tool_timeout=timeout)
+    with pytest.raises(ValueError, match=r"environment 'tools' example 2: the task's tool_timeout is .*finite number"):
+        environment_turn(conv)

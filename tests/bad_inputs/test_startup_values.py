@@ -41,6 +41,18 @@ CASES = [
         ["--data.kl_in_reward.coef", "-1"],
         r"data.kl_in_reward.coef must be a finite number >= 0, got -1.0; set e.g. 0.001, or data.kl_in_reward: null",
     ),
+    (["--data.timeout", ".nan"], r"data.timeout must be a finite number of seconds > 0, got nan"),
+    (["--data.weights_timeout", ".inf"], r"data.weights_timeout must be a finite number of seconds > 0, got inf"),
+    (["--model.lora.alpha", "-16"], r"model.lora.alpha must be a finite number > 0 .*got -16"),
+    (["--data.num_logged_samples", "-1"], r"data.num_logged_samples must be >= 0 \(0 logs none\), got -1"),
+    (
+        ["--data.env", "[{id: reverse-text}, {id: reverse-text}]"],
+        r"data.env names the environment\(s\) \['reverse-text'\] more than once .*give each entry its own `name`",
+    ),
+    (
+        ["--data.env", "[{id: reverse-text, ratio: .nan}]"],
+        r"data.env 'reverse-text': ratio must be a finite number >= 0 .*got nan",
+    ),
     (
         ["--data.advantage", "Process", "--data.kl_in_reward.coef", "0.1"],
         r"data.kl_in_reward shapes each rollout's reward, which data.advantage Process does not read",
@@ -132,3 +144,23 @@ def test_an_empty_model_folder_names_model_model(tmp_path, capsys):
     empty.mkdir()
     assert entry(tiny_fit_argv(tmp_path, str(empty), "r")) == 2
     assert "the folder has no config.json, so it is not a saved model" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 0, -1.0, True])
+def test_every_timeout_is_a_finite_number_of_seconds(seconds):
+    """A NaN timeout compares false with every clock reading, so a wait bounded by it never ends; each
+    component's timeout is refused at construction naming its key."""
+    from grpokit.broadcast.nccl import NCCLBroadcast
+    from grpokit.inference.remote import RemoteEngine
+    from grpokit.transport.zmq import ZMQTransport
+
+    builds = {
+        "inference.init_args.timeout": lambda: RemoteEngine("http://127.0.0.1:1/v1", timeout=seconds),
+        "data.transport send_timeout": lambda: ZMQTransport(send_timeout=seconds),
+        "data.transport close_timeout": lambda: ZMQTransport(close_timeout=seconds),
+        "broadcast.init_args.timeout": lambda: NCCLBroadcast(backend="gloo", timeout=seconds),
+    }
+    for key, build in builds.items():
+        with pytest.raises(ValueError, match=re.escape(f"{key} must be a finite number of seconds > 0")):
+            build()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import grpokit
 from grpokit.common.models import resolve_model
+from grpokit.common.waits import check_seconds
 from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class VLLMServe:
             raise ValueError(
                 "inference.init_args.serve.command must name the program that starts vLLM, e.g. [vllm, serve]"
             )
+        check_seconds("inference.init_args.serve.startup_timeout", self.startup_timeout)
+        check_seconds("inference.init_args.serve.stop_timeout", self.stop_timeout)
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
             raise ValueError("inference.init_args.serve: tensor_parallel_size and data_parallel_size must be >= 1")
         if self.max_loras < 2:
