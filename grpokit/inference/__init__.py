@@ -6,12 +6,29 @@ interface, so swapping engines is one recipe line.
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grpokit.types import WeightUpdate
+
+# Logits are divided by the temperature and (for repeated tokens) scaled by the penalty in float32: a
+# temperature of 1e-45 or a penalty of 1e300 overflows them to inf and the sampler's softmax to NaN. vLLM
+# raises a temperature below 0.01 to 0.01 for the same reason; grpokit refuses it, naming the key.
+MIN_TEMPERATURE = 0.01
+MAX_REPETITION_PENALTY = 100.0
+
+
+def temperature_ok(value: float) -> bool:
+    """0 (greedy) or a finite temperature >= MIN_TEMPERATURE."""
+    return value == 0 or (math.isfinite(value) and value >= MIN_TEMPERATURE)
+
+
+def repetition_penalty_ok(value: float) -> bool:
+    """A penalty in (0, MAX_REPETITION_PENALTY] (1 = off)."""
+    return 0 < value <= MAX_REPETITION_PENALTY
 
 
 @dataclass
@@ -48,8 +65,11 @@ class SamplingSettings:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"data.sampling.temperature must be >= 0, got {self.temperature}")
+        if self.temperature is not None and not temperature_ok(self.temperature):
+            raise ValueError(
+                f"data.sampling.temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got "
+                f"{self.temperature} (a smaller one overflows the logits)"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"data.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
@@ -63,9 +83,9 @@ class SamplingSettings:
             raise ValueError(
                 f"data.sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
-        if self.repetition_penalty <= 0:
+        if not repetition_penalty_ok(self.repetition_penalty):
             raise ValueError(
-                "data.sampling.repetition_penalty must be > 0 (1 = off, "
+                f"data.sampling.repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off, "
                 f"> 1 discourages repeats), got {self.repetition_penalty}"
             )
         if any(type(t) is not int or t < 0 for t in self.stop_token_ids):

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from grpokit.inference import MIN_TEMPERATURE
+
 
 @dataclass
 class TemperatureSchedule:
@@ -22,9 +24,11 @@ class TemperatureSchedule:
     end_temperature: float = 0.7
 
     def __post_init__(self) -> None:
-        if self.start_temperature <= 0 or self.end_temperature <= 0:
+        ends = (self.start_temperature, self.end_temperature)
+        if not all(math.isfinite(t) and t >= MIN_TEMPERATURE for t in ends):
             raise ValueError(
-                f"data.temp_scheduler temperatures must be > 0, got {self.start_temperature}, {self.end_temperature}"
+                f"data.temp_scheduler temperatures must be finite numbers >= {MIN_TEMPERATURE:g} (a smaller one "
+                f"overflows the logits), got {self.start_temperature}, {self.end_temperature}"
             )
 
     def at(self, step: int, max_steps: int) -> float:

@@ -90,8 +90,13 @@ def test_logprobs_are_of_the_processed_distribution(model_and_tokenizer):
 def test_invalid_settings_name_the_key():
     with pytest.raises(ValueError, match=r"data.sampling.min_tokens must be in \[0, max_tokens=4\]"):
         SamplingSettings(max_tokens=4, min_tokens=5)
-    with pytest.raises(ValueError, match="data.sampling.repetition_penalty must be > 0"):
-        SamplingSettings(repetition_penalty=0.0)
+    for penalty in (0.0, 1e300, float("nan")):
+        with pytest.raises(ValueError, match=r"data.sampling.repetition_penalty must be in \(0, 100\]"):
+            SamplingSettings(repetition_penalty=penalty)
+    for temperature in (1e-45, 0.001, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"data.sampling.temperature must be 0 \(greedy\) or a finite number"):
+            SamplingSettings(temperature=temperature)
+    assert SamplingSettings(temperature=0.0).temperature == 0.0 and SamplingSettings(temperature=0.01)
 
 
 def test_repeated_prompts_are_prefilled_once_with_the_same_cache_and_logits(model_and_tokenizer):

@@ -56,7 +56,17 @@ def refusal(model, body: dict, context: RequestContext = CONTEXT) -> tuple[str, 
         (
             ChatCompletionRequest,
             {"messages": USER, "temperature": -1},
-            ("temperature must be >= 0, got -1", "temperature", 400),
+            ("temperature must be 0 or >= 0.01, got -1", "temperature", 400),
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": USER, "temperature": 1e-45},
+            ("temperature must be 0 or >= 0.01, got 1e-45", "temperature", 400),
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": USER, "repetition_penalty": 1e300},
+            ("repetition_penalty must be in (0, 100], got 1e+300", "repetition_penalty", 400),
         ),
         (ChatCompletionRequest, {"messages": USER, "top_p": 0}, ("top_p must be in (0, 1], got 0", "top_p", 400)),
         (

@@ -35,6 +35,7 @@ from pydantic import (
 )
 from typing_extensions import Self
 
+from grpokit.inference import MAX_REPETITION_PENALTY, MIN_TEMPERATURE, repetition_penalty_ok, temperature_ok
 from grpokit.inference.server.errors import refused, unmet, validate
 from grpokit.inference.server.limits import ServerLimits
 
@@ -202,12 +203,12 @@ class SamplingFields(Fields):
         default_factory=lambda: secrets.randbits(63)
     )
     n: int = 1  # at most server.limits.max_n
-    temperature: Annotated[Number, must(">= 0", lambda v: v >= 0)] = 1.0
+    temperature: Annotated[Number, must(f"0 or >= {MIN_TEMPERATURE:g}", temperature_ok)] = 1.0
     top_p: Annotated[Number, must("in (0, 1]", lambda v: 0 < v <= 1)] = 1.0
     stop: Annotated[list[Text], Field(fail_fast=True)] = Field(default_factory=list)
     return_token_ids: bool = False
     min_tokens: int = 0  # at most max_tokens
-    repetition_penalty: Annotated[Number, must("> 0", lambda v: v > 0)] = 1.0
+    repetition_penalty: Annotated[Number, must(f"in (0, {MAX_REPETITION_PENALTY:g}]", repetition_penalty_ok)] = 1.0
     # vLLM's: token ids that end a completion besides EOS, each once, in order (the app checks them
     # against the vocabulary)
     stop_token_ids: Annotated[
