@@ -13,6 +13,10 @@ from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import archive_abandoned_history, checkpoint_problem, resume_path
 
 
+class NotATensor:
+    """An object a weights-only load refuses to unpickle."""
+
+
 def whole(path):
     """A small but real torch checkpoint (the zip archive torch.save writes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,6 +39,25 @@ def test_checkpoint_problem_names_empty_truncated_and_foreign_files(tmp_path):
     (tmp_path / "text.ckpt").write_text("not a checkpoint")
     assert "no complete zip archive" in checkpoint_problem(tmp_path / "text.ckpt")
     assert checkpoint_problem(tmp_path / "missing.ckpt").startswith("unreadable (")
+
+
+def test_flipped_bytes_and_pickled_objects_are_found_before_a_resume_loads_them(tmp_path, caplog):
+    """A checkpoint whose tensor bytes changed on disk (a CRC-32 mismatch) and one that pickles objects
+    other than tensors (refused by a weights-only load) are passed over like a truncated one."""
+    folder = tmp_path / "run" / "checkpoints"
+    whole(folder / "step_2.ckpt")
+    flipped = whole(folder / "step_4.ckpt")
+    data = bytearray(flipped.read_bytes())
+    at = data.find(torch.arange(4096.0)[100:104].numpy().tobytes())  # inside the tensor's record
+    data[at : at + 8] = b"\xff" * 8
+    flipped.write_bytes(bytes(data))
+    assert checkpoint_problem(flipped).startswith("damaged (0 fails its CRC-32 check")
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {}, "callback": NotATensor()}, folder / "step_6.ckpt")
+    assert checkpoint_problem(folder / "step_6.ckpt").startswith("not loadable as weights only (UnpicklingError")
+    with caplog.at_level(logging.WARNING, logger="grpokit.trainer.checkpoint"):
+        assert resume_path(folder, -1) == (folder / "step_2.ckpt", 2)
+    assert len(caplog.records) == 2
 
 
 def test_newest_passes_over_bad_checkpoints_with_a_warning_naming_each(tmp_path, caplog):

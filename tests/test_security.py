@@ -184,3 +184,62 @@ def test_the_api_key_is_read_from_the_named_variable_and_sent_only_as_a_bearer_t
     assert all(
         "sk-test-123" not in repr(v) for k, v in vars(engine).items() if k != "_headers"
     )  # kept only in the headers
+
+
+def _post(url: str, headers: dict[str, str]) -> tuple[int, dict]:
+    """POST a text/plain body (what a web page may send without a preflight) with `headers`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + "/completions", data=b'{"prompt": "hi", "max_tokens": 1}', method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_web_page_cannot_drive_the_local_server(tiny_model):
+    """A page the user visits may POST text/plain to 127.0.0.1 (no CORS preflight), or reach it under its
+    own name by rebinding DNS: a foreign Origin or Host is refused with 403; the orchestrator's and SDKs'
+    requests (no Origin, a loopback Host) are answered."""
+    from tests.support.servers import serving
+
+    with serving(tiny_model) as (_, server):
+        port = server.server_address[1]
+        plain = {"Content-Type": "text/plain"}
+        assert _post(server.url, plain)[0] == 200  # urllib sends Host: 127.0.0.1:port and no Origin
+        assert _post(server.url, {**plain, "Host": f"localhost:{port}"})[0] == 200
+        status, body = _post(server.url, {**plain, "Origin": "https://evil.example"})
+        assert status == 403 and "cross-origin request from 'https://evil.example' refused" in body["error"]["message"]
+        assert body["error"]["type"] == "PermissionDeniedError"
+        status, body = _post(server.url, {**plain, "Host": f"rebind.evil.example:{port}"})
+        assert status == 403 and "server.allowed_hosts" in body["error"]["message"]
+
+
+@pytest.mark.unit
+def test_the_browser_guard_allows_what_the_settings_name():
+    from grpokit.inference.server.browsers import BrowserGuard, host_name
+    from grpokit.inference.server.errors import RequestError
+
+    assert [host_name(h) for h in ("127.0.0.1:8000", "[::1]:80", "LOCALHOST", "::1")] == [
+        "127.0.0.1",
+        "::1",
+        "localhost",
+        "::1",
+    ]
+    loopback = BrowserGuard.for_address("127.0.0.1", None, [])
+    loopback.check({"host": "[::1]:8000"})
+    with pytest.raises(RequestError, match="Host 'example.com' refused"):
+        loopback.check({"host": "example.com"})
+    BrowserGuard.for_address("127.0.0.1", ["gpu-box"], ["http://ui.local"]).check(
+        {"host": "gpu-box:8000", "origin": "http://ui.local/"}
+    )
+    exposed = BrowserGuard.for_address("0.0.0.0", None, [])
+    exposed.check({"host": "any.name:8000"})  # a server bound elsewhere is reached under any name
+    with pytest.raises(RequestError, match="cross-origin request"):
+        exposed.check({"host": "any.name", "origin": "null"})
+    BrowserGuard.for_address("0.0.0.0", ["*"], ["*"]).check({"host": "x", "origin": "https://y"})

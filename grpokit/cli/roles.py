@@ -40,6 +40,10 @@ class ServerSettings:
             does `grpokit fit`, for the length of the run.
         limits: what one request may cost (n, rows, body bytes, prompt tokens), the request queue, read
             and shutdown timeouts, request-supplied chat templates (grpokit's server only; ServerLimits).
+        allowed_hosts: the Host names answered; null = the loopback names when `host` is a loopback
+            address (a DNS-rebinding page gets 403), any name otherwise; ["*"] = any.
+        allowed_origins: web origins whose requests are answered (a request with any other `Origin`
+            header gets 403: a page the user visits may not drive the server); ["*"] = any.
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +51,8 @@ class ServerSettings:
     model_name: str = "grpokit"
     engine: InferenceEngine | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
+    allowed_hosts: list[str] | None = None
+    allowed_origins: list[str] = field(default_factory=list)
 
 
 def infer(cli) -> int:
@@ -65,7 +71,7 @@ def infer(cli) -> int:
     app = make_app(engine, tokenizer, settings.model_name, broadcast, limits=settings.limits)
     app.run_name = cli.run.run_dir.name  # an orchestrator of another run refuses this server (RemoteEngine)
     try:
-        server = make_server(app, settings.host, settings.port)
+        server = make_server(app, settings.host, settings.port, settings.allowed_hosts, settings.allowed_origins)
         log.info("serving %s on %s:%d for run %s", cli.model.model_name, settings.host, settings.port, cli.run.run_dir)
         try:
             server.serve_forever()

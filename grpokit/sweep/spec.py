@@ -31,6 +31,8 @@ from typing import Any
 import yaml
 
 SWEEP_KEYS = ("name", "output_dir", "axes", "runs", "max_parallel", "launcher", "rollouts")
+SWEEP_NAME = re.compile(r"[A-Za-z0-9._=+-]{1,100}")  # one folder under output_dir, never a path out of it
+RUNNER_KEYS = {"run_name", "output_dir"}  # set for each run by the runner
 OVERLAY_KEY = "config"
 
 
@@ -100,11 +102,23 @@ def load_sweep(path: str | Path) -> SweepSpec:
     launcher = {"name": launcher} if isinstance(launcher, str) else dict(launcher or {})
     if "name" not in launcher:
         raise SweepError(f"{path}: launcher needs a name (local or submitit), got {launcher}")
+    name = str(raw.get("name") or path.stem)
+    if not SWEEP_NAME.fullmatch(name) or name in (".", ".."):
+        raise SweepError(
+            f"{path}: name {name[:120]!r} must be one plain folder name of at most 100 letters, digits and ._=+- "
+            "(the sweep folder is {output_dir}/{name}); put a parent folder in output_dir"
+        )
+    runner_keys = sorted({k for c in combos for k in c} & RUNNER_KEYS)
+    if runner_keys:
+        raise SweepError(
+            f"{path}: {runner_keys} cannot be an axis or a runs: key: the sweep sets each run's run_name (its id) "
+            "and output_dir (the sweep folder); set the sweep's own output_dir or name instead"
+        )
     max_parallel = raw.get("max_parallel", 1)
     if not isinstance(max_parallel, int) or max_parallel < 1:
         raise SweepError(f"{path}: max_parallel must be an integer >= 1, got {max_parallel!r}")
     return SweepSpec(
-        name=str(raw.get("name") or path.stem),
+        name=name,
         runs=[make_run(i, c) for i, c in enumerate(combos)],
         output_dir=str(raw.get("output_dir", "outputs")),
         max_parallel=max_parallel,

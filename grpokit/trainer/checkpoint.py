@@ -85,8 +85,10 @@ def checkpoint_problem(path: Path) -> str | None:
     """Why `path` is not a whole checkpoint (None: it looks whole), without loading its tensors.
 
     torch.save writes a zip archive whose central directory comes last, so a file cut short (a copy
-    interrupted, a disk that filled, a filesystem that lost the tail in a crash) has none; reading the
-    directory costs a few reads at the end of the file, not a load.
+    interrupted, a disk that filled, a filesystem that lost the tail in a crash) has none. Each record
+    carries a CRC-32, so bytes flipped inside one (a bad disk, a bad copy) are found by reading the file
+    once. Last, the file is loaded weights-only and memory-mapped (the tensors are not read): a checkpoint
+    that pickles other objects is refused here, as the resume would refuse it, instead of a traceback.
     """
     try:
         size = path.stat().st_size
@@ -97,10 +99,17 @@ def checkpoint_problem(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
-    except (zipfile.BadZipFile, OSError) as e:
+            if not any(name.rpartition("/")[2] == "data.pkl" for name in names):
+                return "not a torch checkpoint (its zip archive has no data.pkl)"
+            damaged = archive.testzip()  # each record against its CRC-32: one read of the file
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
         return f"truncated or not a checkpoint ({size} bytes, no complete zip archive: {e})"
-    if not any(name.rpartition("/")[2] == "data.pkl" for name in names):
-        return "not a torch checkpoint (its zip archive has no data.pkl)"
+    if damaged is not None:
+        return f"damaged ({damaged.rpartition('/')[2]} fails its CRC-32 check: bytes changed after it was written)"
+    try:  # what only a load tells: a pickle of objects other than tensors and plain data
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        return f"not loadable as weights only ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
     return None
 
 

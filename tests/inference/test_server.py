@@ -222,7 +222,7 @@ def test_stop_token_ids_end_a_completion_on_the_engine_and_through_remote_engine
         ("/completions", {"prompt": "x", "stop": 3}, "stop", "stop"),
         ("/completions", b"{not json", None, "not valid JSON"),
         ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "in [0, max_tokens=4]"),
-        ("/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        ("/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "in (0, 100]"),
         ("/chat/completions", {"messages": MESSAGES, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ],
 )

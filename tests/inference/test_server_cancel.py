@@ -42,7 +42,7 @@ def slow_server(tiny_model):
 def send(server, body: dict) -> socket.socket:
     data = json.dumps(body).encode()
     s = socket.create_connection(server.server_address, timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
     return s
 
 

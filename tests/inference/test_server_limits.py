@@ -261,7 +261,8 @@ def test_an_explicit_max_prompt_tokens_is_named_in_its_400(capped, path, body, p
 def test_malformed_or_oversized_requests_are_refused_without_a_500(small, head, status):
     with peak_memory_grows_less_than():
         start = time.monotonic()
-        response = raw(small, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + head + b"\r\n")
+        request = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        response = raw(small, request + head + b"\r\n")
         elapsed = time.monotonic() - start
     assert status_of(response) == status and b"Traceback" not in response
     if status == 413:
@@ -272,8 +273,8 @@ def test_malformed_or_oversized_requests_are_refused_without_a_500(small, head, 
 @pytest.mark.parametrize(
     "partial",
     [
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
     ],
     ids=["half-sent headers", "half-sent body"],
 )
@@ -337,7 +338,8 @@ def test_a_client_that_hangs_up_leaves_the_queue_before_the_engine_runs_it(tiny_
             wait_until(lambda: len(calls) == 1)
             body = json.dumps({"prompt": PROMPT_IDS, "n": 64, "max_tokens": 400}).encode()
             with socket.create_connection(server.server_address, timeout=10) as s:
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+                s.sendall(head + body)
                 wait_until(lambda: server.app.worker.status()["queued"] == 1)
             wait_until(lambda: server.app.worker.status()["queued"] == 0)  # gone with its client
             release.set()
@@ -382,7 +384,7 @@ def test_connections_over_max_connections_get_a_503_with_retry_after(tiny_model)
     """max_connections=2: two idle connections are served, a request on a third is answered 503 with
     Retry-After naming the key (uvicorn's own limit served one connection and gave no Retry-After); once
     one closes, a new connection is answered."""
-    request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    request = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     with limited_server(tiny_model, max_connections=2) as (_, server):
         open_now = server.uvicorn.server_state.connections
         idle = [socket.create_connection(server.server_address, timeout=10) for _ in range(2)]

@@ -74,6 +74,12 @@ def test_explicit_runs_are_crossed_with_the_grid_and_overlays_name_the_run(tmp_p
         ({"axes": {"model.lr": [1e-4]}, "runs": [{"model.lr": 3e-4}]}, r"\['model.lr'\] are set both"),
         ({"axes": {"model.lr": [1e-4]}, "max_parallel": 0}, "max_parallel must be an integer >= 1"),
         ({"axes": {"model.lr": [1e-4]}, "launcher": {"timeout_min": 3}}, "launcher needs a name"),
+        ({"axes": {"model.lr": [1e-4]}, "name": "../../x"}, r"name '../../x' must be one plain folder name"),
+        ({"axes": {"model.lr": [1e-4]}, "name": "/tmp/x"}, r"name '/tmp/x' must be one plain folder name"),
+        ({"axes": {"model.lr": [1e-4]}, "name": ".."}, r"name '..' must be one plain folder name"),
+        ({"axes": {"model.lr": [1e-4]}, "name": "n" * 300}, r"must be one plain folder name of at most 100"),
+        ({"axes": {"run_name": ["a", "b"]}}, r"\['run_name'\] cannot be an axis or a runs: key"),
+        ({"runs": [{"output_dir": "/tmp/elsewhere"}]}, r"\['output_dir'\] cannot be an axis or a runs: key"),
     ],
 )
 def test_errors_name_the_sweep_key(tmp_path, content, message):

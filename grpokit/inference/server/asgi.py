@@ -40,6 +40,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from grpokit.inference.server.browsers import BrowserGuard
 from grpokit.inference.server.errors import RequestError
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.stream import DONE, sse
@@ -310,11 +311,13 @@ def error_body(e: BaseException, request: Request) -> dict:
     return internal_error(e)
 
 
-def asgi_app(app: ServedApp) -> Starlette:
-    """Every path goes to `app.dispatch` (which answers 404 and 405 in the API's JSON error format)."""
+def asgi_app(app: ServedApp, guard: BrowserGuard) -> Starlette:
+    """Every path goes to `app.dispatch` (which answers 404 and 405 in the API's JSON error format), once
+    `guard` has let the request's Host and Origin through (grpokit.inference.server.browsers)."""
 
     async def endpoint(request: Request) -> Response:
         try:
+            guard.check(request.headers)
             body = await read_body(request, app.limits) if request.method == "POST" else b""
             route = (request.method, request.url.path, request.url.query, body)
             answer = (
@@ -369,12 +372,19 @@ class OpenAIServer:
     """The HTTP server of an app (OpenAIApp), bound at construction: `serve_forever()` in the main thread (stops
     on SIGTERM or SIGINT), or `start()` in a background thread and `close()`."""
 
-    def __init__(self, app: ServedApp, host: str = "127.0.0.1", port: int = 8000) -> None:
+    def __init__(
+        self,
+        app: ServedApp,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        allowed_hosts: list[str] | None = None,
+        allowed_origins: list[str] | tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.socket = listen(host, port, app.limits.backlog)
         self.server_address = self.socket.getsockname()[:2]
         config = uvicorn.Config(
-            asgi_app(app),
+            asgi_app(app, BrowserGuard.for_address(host, allowed_hosts, list(allowed_origins))),
             http=timed_protocol(app.limits.read_timeout, app.limits.max_connections),
             ws="none",
             lifespan="off",

@@ -16,6 +16,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 ERROR_TYPES = {
     400: "BadRequestError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowed",
     408: "RequestTimeout",

@@ -336,9 +336,16 @@ def make_app(
     return OpenAIApp(engine, tokenizer, model_name, broadcast, max_model_len or model_len(engine, tokenizer), limits)
 
 
-def make_server(app: OpenAIApp, host: str = "127.0.0.1", port: int = 8000) -> OpenAIServer:
-    """Bind an HTTP server for `app` (port 0 picks a free port; see `server.url`)."""
-    return OpenAIServer(app, host, port)
+def make_server(
+    app: OpenAIApp,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    allowed_hosts: list[str] | None = None,
+    allowed_origins: list[str] | tuple[str, ...] = (),
+) -> OpenAIServer:
+    """Bind an HTTP server for `app` (port 0 picks a free port; see `server.url`); the Host and Origin
+    headers it answers: grpokit.inference.server.browsers."""
+    return OpenAIServer(app, host, port, allowed_hosts, allowed_origins)
 
 
 def serve(
