@@ -1,7 +1,7 @@
 """The `grpokit` program: one entry point that dispatches to the recipe commands (fit, train, infer,
 orchestrate: grpokit.cli), the registry listing, and the tools built on the recipe CLI (sweep, report,
-rollouts: grpokit.sweep; bench: grpokit.bench). It sits above them all, so none of them imports it and
-the package has no import cycle.
+rollouts: grpokit.sweep; bench: grpokit.bench; eval: grpokit.evaluate; export: grpokit.export). It sits
+above them all, so none of them imports it and the package has no import cycle.
 """
 
 from __future__ import annotations
@@ -12,30 +12,43 @@ import sys
 import warnings
 from pathlib import Path
 
+from transformers.utils import logging as hf_logging
+
 import grpokit
 from grpokit.bench.command import main as bench_main
 from grpokit.cli import make_cli, roles
 from grpokit.cli.component_args import check_component_names
 from grpokit.cli.discovery import discover
-from grpokit.cli.recipe_files import check_recipe_files
+from grpokit.cli.recipe_files import check_recipe_files, resolve_recipe_names
+from grpokit.cli.recipes_cmd import recipes_main
 from grpokit.cli.registry_cmd import registry_main
+from grpokit.cli.sft import make_sft_cli
 from grpokit.common.errors import RunDataError
+from grpokit.evaluate.command import eval_main
+from grpokit.export.command import export_main
 from grpokit.run import Startup
 from grpokit.sweep import commands
 
 USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a command's options)
 
   fit          train in one process: engine, orchestrator and trainer (grpokit fit --config recipe.yaml)
+  sft          supervised fine-tuning before GRPO, on the same recipe surface (docs/sft.md)
   train        the trainer of a multi-process run (docs/multi-process.md)
   orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
   infer        an inference server (builtin engine or vLLM) of a multi-process run
   registry     list components: grpokit registry list [KIND]
+  recipes      list the shipped recipes (--config takes them by name), or copy one: grpokit recipes cp NAME DEST
   bench        benchmarks: grpokit bench generate|train|step|multiturn|stream|server (docs/benchmarks.md)
   sweep        run a grid of recipes (docs/sweeps.md)
   report       compare the runs of a sweep
   rollouts     record a run's batches, or train variants on recorded batches
+  eval         pass@k, maj@k and mean reward of a run's weights and/or the base model (docs/evaluation.md)
+  export       a run's weights as a peft adapter or (--merge) a full Hugging Face model folder (docs/export.md)
 """
-SUBCOMMANDS = ("fit", "train", "orchestrate", "infer", "registry", "bench", "sweep", "report", "rollouts")
+SUBCOMMANDS = (
+    "fit", "sft", "train", "orchestrate", "infer", "registry", "recipes", "bench", "sweep", "report", "rollouts",
+    "eval", "export",
+)  # fmt: skip
 PACKAGE_DIR = os.path.dirname(os.path.abspath(grpokit.__file__)) + os.sep  # root_cause: which errors grpokit raised
 
 
@@ -51,32 +64,57 @@ LIBRARY_NOTICES = (
 
 
 class DropLines(logging.Filter):
-    """Drops a logger's records whose message contains `text`."""
+    """Drops a logger's records whose message contains one of `texts`."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, *texts: str) -> None:
         super().__init__()
-        self.text = text
+        self.texts = texts
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+        message = record.getMessage()
+        return not any(text in message for text in self.texts)
 
 
 # Log lines of the same kind, by logger: bitsandbytes (imported by peft) warns at import, on CPUs with
 # AVX512-BF16, that an optional CPU kernel for 4-bit matmuls is not installed (grpokit's QLoRA runs on
-# CUDA), and Lightning advertises its cloud logger at every start. One filter object each, so adding
+# CUDA); Lightning advertises its cloud logger, lists the accelerators it found (the recipe's
+# trainer.accelerator decides), the seed (config.yaml records it), the devices and ranks it set up, and
+# says max_steps was reached (grpokit's run summary says what ran). One filter object each, so adding
 # them again at the next command adds nothing.
 LOGGED_NOTICES = (
     ("bitsandbytes.backends.cpu.ops", DropLines("kernels-community")),
-    ("lightning.pytorch.utilities.rank_zero", DropLines("litlogger")),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        DropLines("litlogger", "GPU available: ", "TPU available: ", "HPU available: ", "` stopped: `max_steps="),
+    ),
+    ("lightning.fabric.utilities.seed", DropLines("Seed set to ")),
+    ("lightning.pytorch.accelerators.cuda", DropLines("CUDA_VISIBLE_DEVICES: ")),
+    ("lightning.fabric.utilities.distributed", DropLines("Initializing distributed: ")),
+    ("lightning.fabric.utilities.rank_zero", DropLines("All distributed processes registered")),
 )
+# transformers' progress bars of the same kind: a second of "Loading weights" per model (the trainer's,
+# the engine's). Downloads keep theirs (huggingface_hub's bars).
+QUIET_PROGRESS_BARS = ("Loading weights",)
 
 
 def quiet_library_notices() -> None:
-    """Silence LIBRARY_NOTICES and LOGGED_NOTICES."""
+    """Silence LIBRARY_NOTICES, LOGGED_NOTICES and QUIET_PROGRESS_BARS; GRPOKIT_LOG_LEVEL=DEBUG keeps them
+    all (and Lightning's model summary: grpokit.cli.lightning_cli)."""
+    if os.environ.get("GRPOKIT_LOG_LEVEL", "").upper() == "DEBUG":
+        return
     for message in LIBRARY_NOTICES:
         warnings.filterwarnings("ignore", message=message)
     for logger, drop in LOGGED_NOTICES:
         logging.getLogger(logger).addFilter(drop)
+    if hasattr(hf_logging, "set_tqdm_hook"):  # transformers >= 5, which shows the bars
+        hf_logging.set_tqdm_hook(quiet_bars)
+
+
+def quiet_bars(factory, args: tuple, kwargs: dict):
+    """transformers' tqdm hook: the bars of QUIET_PROGRESS_BARS are made disabled, the others as asked."""
+    if str(kwargs.get("desc", "")).startswith(QUIET_PROGRESS_BARS):
+        kwargs = {**kwargs, "disable": True}
+    return factory(*args, **kwargs)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -107,8 +145,13 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     startup = startup or Startup()
     quiet_library_notices()
     show_grpokit_logs()
+    argv = resolve_recipe_names(argv)  # `--config reverse_text`: a shipped recipe, for every command
+    if argv[:1] == ["recipes"]:
+        return recipes_main(argv[1:])
     if argv[:1] == ["bench"]:
         return bench_main(argv[1:])
+    if argv[:1] == ["export"]:
+        return export_main(argv[1:])
     discover()
     if argv[:1] == ["registry"]:
         return registry_main(argv[1:])
@@ -128,10 +171,15 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     startup.role = argv[0]
     check_recipe_files(argv)
     check_component_names(argv)
+    if argv[0] == "eval":
+        return eval_main(argv[1:], startup)
     if argv[:1] in (["infer"], ["orchestrate"]):
         cli = make_cli(argv[1:], run=False, role=argv[0], startup=startup)
         startup.started = True
         return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
+    if argv[0] == "sft":
+        make_sft_cli(argv[1:], startup=startup)
+        return 130 if startup.interrupted else 0
     if argv[0] == "train":
         make_cli(["fit", *argv[1:]], role="train", startup=startup)
     else:
@@ -162,7 +210,7 @@ def entry(argv: list[str] | None = None) -> int:
             print(f"grpokit: error: {root_cause(e)}\n(set GRPOKIT_TRACEBACK=1 for the traceback)", file=sys.stderr)
             remove_if_no_files(startup.created_run_dir)
             return 2
-        stopped = "training stopped" if startup.role in ("fit", "train") else f"grpokit {startup.role} stopped"
+        stopped = "training stopped" if startup.role in ("fit", "sft", "train") else f"grpokit {startup.role} stopped"
         if startup.started and (data_error := cause_of_type(e, RunDataError)) is not None:
             hint = f"({stopped}; set GRPOKIT_TRACEBACK=1 for the traceback)"
             print(f"grpokit: error: {data_error}\n{hint}", file=sys.stderr)
@@ -170,7 +218,7 @@ def entry(argv: list[str] | None = None) -> int:
         if startup.started and (io_error := cause_of_type(e, OSError)) is not None:
             again = (
                 "continue from the newest checkpoint with --ckpt.resume_step -1"
-                if startup.role in ("fit", "train")
+                if startup.role in ("fit", "sft", "train")
                 else "run the same command again: it continues where the run is"
             )
             print(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpokit.cli.component_args import check_component_names
-from grpokit.cli.recipe_files import check_recipe_files
+from grpokit.cli.recipe_files import check_recipe_files, resolve_recipe_names
 from grpokit.sweep.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_the_docs_document_run_commands():
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[w for w, _ in COMMANDS])
 def test_a_documented_command_parses(where, command, monkeypatch):
     monkeypatch.chdir(ROOT)
-    argv = recipe_argv(command)
+    argv = resolve_recipe_names(recipe_argv(command))  # `--config reverse_text`: as grpokit.main does
     check_recipe_files(["fit", *argv])
     check_component_names(["fit", *argv])
     resolved = resolve_config(argv, where)

@@ -113,10 +113,10 @@ LAYERS = (
     ("plug-in API", {"", "types", "loss", "advantage", "filter", "noise", "kl", "normalization"}),
     ("common", {"common"}),
     ("plug-ins and their test kit", {"registry", "testing"}),
-    ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast"}),
+    ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast", "sft"}),
     ("environment plug-ins", {"envs"}),
     ("the recipe CLI", {"cli", "run"}),
-    ("tools on the CLI", {"sweep", "bench"}),
+    ("tools on the CLI", {"sweep", "bench", "evaluate", "export"}),
     ("the program", {"main", "__main__"}),
 )
 LAYER_OF = {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}
@@ -135,6 +135,8 @@ ROLE_EDGES = (
     ({"orchestrator"}, "grpokit.transport.filesystem", "data.transport's default"),
     ({"trainer"}, "grpokit.transport.codec", "a non-finite step's batch is saved in the transport's format"),
     ({"environments"}, "grpokit.envs", "a built-in environment is found by id among the envs package's folders"),
+    ({"sft"}, "grpokit.environments.*", "SFT chats are rendered as rollouts are, or built from environments' answers"),
+    ({"sft"}, "grpokit.orchestrator.packing", "SFT examples are packed into micro-batches as rollouts are"),
 )
 
 # Plug-ins import less than their layer: these layers, these modules, and their own package. An

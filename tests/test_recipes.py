@@ -9,7 +9,7 @@ from grpokit.orchestrator import Orchestrator
 from grpokit.trainer.policy import Policy
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-BASES = sorted(p for p in RECIPES.glob("*.yaml"))
+BASES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.endswith("_sft.yaml"))  # sft: tests/sft/
 OVERLAYS = sorted(p for p in (RECIPES / "ablations").glob("*.yaml"))
 
 

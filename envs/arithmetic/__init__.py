@@ -100,6 +100,10 @@ class ArithmeticData(vf.TaskData):
 
 
 class ArithmeticTask(vf.Task[ArithmeticData]):
+    def parse_answer(self, reply: str) -> int | None:
+        """The reply's answer, for `grpokit eval`'s majority vote (docs/evaluation.md)."""
+        return parse_answer(reply)
+
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
         return float(parse_answer(trace.last_reply or "") == self.data.answer)

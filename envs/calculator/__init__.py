@@ -91,6 +91,10 @@ class CalculatorTask(vf.Task[CalculatorData]):
     tools = (calculator,)
     max_turns = 3
 
+    def parse_answer(self, reply: str) -> int | None:
+        """The final reply's answer, for `grpokit eval`'s majority vote (docs/evaluation.md)."""
+        return final_answer(reply)
+
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
         return float(final_answer(trace.last_reply or "") == self.data.answer)

@@ -135,6 +135,11 @@ class CountdownTaskConfig(vf.TaskConfig):
 
 
 class CountdownTask(vf.Task[CountdownData, vf.State, CountdownTaskConfig]):
+    def parse_answer(self, reply: str) -> Fraction | None:
+        """The value of the reply's expression (None when it is not a valid one), for `grpokit eval`'s
+        majority vote: two expressions that reach the same value vote together."""
+        return evaluate(extract_expression(reply), self.data.numbers)
+
     @vf.reward(weight=1.0)
     async def countdown(self, trace: vf.Trace) -> float:
         result = evaluate(extract_expression(trace.last_reply or ""), self.data.numbers)

@@ -55,6 +55,16 @@ class AnswerTaskConfig(vf.TaskConfig):
 
 
 class AnswerTask(vf.Task[AnswerData, vf.State, AnswerTaskConfig]):
+    def parse_answer(self, reply: str) -> object:
+        """The reply's answer as the match compares it, for `grpokit eval`'s majority vote: the number
+        (gsm8k), the stripped reply (exact), or the stripped final \\boxed{} content (math; equivalent
+        forms such as 1/2 and 0.5 then vote apart)."""
+        if self.config.match == "gsm8k":
+            return answers.reply_answer(reply)
+        if self.config.match == "exact":
+            return reply.strip() or None
+        return (answers.last_boxed(reply) or "").strip() or None
+
     def is_correct(self, trace: vf.Trace) -> bool:
         return MATCHES[self.config.match](trace.last_reply or "", self.data.answer)
 

@@ -56,6 +56,10 @@ class ReverseTextData(vf.TaskData):
 
 
 class ReverseTextTask(vf.Task[ReverseTextData]):
+    def parse_answer(self, reply: str) -> str | None:
+        """The stripped reply, for `grpokit eval`'s majority vote (replies that are the same text)."""
+        return reply.strip() or None
+
     @vf.reward(weight=1.0)
     async def lcs(self, trace: vf.Trace) -> float:
         return lcs_ratio(trace.last_reply or "", self.data.answer)

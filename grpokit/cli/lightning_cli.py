@@ -24,6 +24,7 @@ from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.env_args import reset_carried_env_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
+from grpokit.cli.summary import recipe_args, run_summary
 from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.vllm.launch import start_for_fit
@@ -75,6 +76,7 @@ class GrpoCLI(LightningCLI):
         replaced (grpokit.cli.component_args); `--print_config[=flags]` prints the recipe after that."""
         printing = [a for a in args if a == "--print_config" or a.startswith("--print_config=")]
         args = [a for a in args if a not in printing]
+        self.recipe = recipe_args(args)  # for the end-of-run summary's eval command
         self.config = parser.parse_args(args)
         sub = self.config.get("subcommand")
         config, subparser = (self.config[sub], self._subcommand_parsers[sub]) if sub else (self.config, parser)
@@ -94,6 +96,14 @@ class GrpoCLI(LightningCLI):
                 )
             )
             raise SystemExit(0)
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        """Lightning's parser; without a subcommand (infer, orchestrate, eval) it also takes the fit
+        subcommand's own keys (ckpt_path, weights_only), which a run's saved config.yaml holds, so that file
+        serves every command; they are ignored there."""
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if not add_subcommands:
+            self.parser.add_method_arguments(self.trainer_class, "fit", skip=set(self.subcommands()["fit"]))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
 
@@ -124,6 +134,9 @@ class GrpoCLI(LightningCLI):
                 "trainer.enable_checkpointing": False,
                 "trainer.devices": 1,
                 "trainer.num_sanity_val_steps": 0,
+                # Lightning's table of the one module (the policy) and its FLOPs, always 0: with
+                # GRPOKIT_LOG_LEVEL=DEBUG, as the other start-up notices grpokit.main quiets
+                "trainer.enable_model_summary": log.isEnabledFor(logging.DEBUG),
             }
         )
 
@@ -204,7 +217,15 @@ class GrpoCLI(LightningCLI):
         self.datamodule.start(first, after=release.ready)
 
     def after_fit(self) -> None:
-        self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130
+        """Exit code 130 after a Ctrl-C (grpokit.main reads `startup`); rank 0 of a run that trained a step
+        prints the summary: rewards, checkpoint, and how to export and evaluate it (grpokit.cli.summary)."""
+        self.startup.interrupted = self.interrupt.stopped_at is not None
+        trainer = self.trainer
+        if trainer.is_global_zero and trainer.global_step > self.run.start_step:
+            summary = run_summary(
+                self.run.run_dir, self.recipe, trainer.global_step, trainer.max_steps, self.startup.interrupted
+            )
+            print(summary, end="", flush=True)
 
     def _stop_on_interrupt(self) -> None:
         """Ctrl-C stops training after the current step (StopOnInterrupt); added before the Checkpointer,

@@ -29,19 +29,25 @@ def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch
     return mask[None, None]
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 (logprobs of bf16 logits are taken in float32), or as it is in float64: a float64
+    model keeps its precision, so tests compare packed and separate paths to float64 rounding."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def selective_logprobs(logits_TV: torch.Tensor, targets_T: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per row, in float32.
+    """log softmax(logits)[target] per row, in float32 (float64 for float64 logits).
 
     torch's fused log_softmax, then a gather: on the CPU it is ~8x faster than logsumexp, whose
     forward and backward run as separate max / sub / exp / sum passes over [T, vocab] (measured on
     SmolLM2's 49k vocabulary: 0.12 s against ~1 s per 1,000 tokens, forward and backward). Its output
     replaces the logits in memory (the head's backward does not keep them).
     """
-    return torch.log_softmax(logits_TV.float(), -1).gather(-1, targets_T[:, None]).squeeze(-1)
+    return torch.log_softmax(at_least_float32(logits_TV), -1).gather(-1, targets_T[:, None]).squeeze(-1)
 
 
 def _chunk_logprobs(lm_head, hidden_CH, targets_C, temperature: float, with_entropy: bool):
-    logits_CV = lm_head(hidden_CH).float() / temperature
+    logits_CV = at_least_float32(lm_head(hidden_CH)) / temperature
     lse_C = torch.logsumexp(logits_CV, dim=-1)
     picked_C = logits_CV.gather(-1, targets_C[:, None]).squeeze(-1) - lse_C
     if not with_entropy:
@@ -245,7 +251,7 @@ def packed_token_logprobs(
 
 def _from_logits(logits_KV: torch.Tensor, targets_K: torch.Tensor, temperature: float, with_entropy: bool):
     """The targets' logprobs (and the entropies, H = -sum p log p) from full logits at `temperature`."""
-    scaled_KV = logits_KV.float()
+    scaled_KV = at_least_float32(logits_KV)
     if temperature != 1.0:
         scaled_KV = scaled_KV / temperature
     if not with_entropy:

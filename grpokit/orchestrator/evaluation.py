@@ -1,8 +1,10 @@
 """Online evaluation: score the engine's current weights on a fixed set of prompts every few steps.
 
 Eval runs in the orchestrator, on the weights the engine has loaded, before it samples the next training
-batch; its metrics (`eval/reward`, `eval/<env metric>`, `eval/weight_step`) are logged with that batch
-and appended to `{run_dir}/eval.jsonl`.
+batch; its metrics (`eval/reward`, `eval/<env metric>`, `eval/weight_step`, and with rollouts_per_example
+n > 1 `eval/pass@k` for k = 1, 2, 4, ... and n: grpokit.orchestrator.eval_metrics) are logged with that
+batch and appended to `{run_dir}/eval.jsonl`. `grpokit eval` (grpokit.evaluate) samples the same prompts
+the same way after training.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 
 from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import InferenceEngine, SamplingSettings
+from grpokit.orchestrator.eval_metrics import pass_at_k_means
 from grpokit.orchestrator.group_play import generate_rollouts
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import TurnLimits
+from grpokit.types import Rollout
 
 
 @dataclass
@@ -26,7 +30,8 @@ class EvalSettings:
         env: environments to evaluate on (default: the training environments).
         num_examples: prompts per evaluation (a fixed, seeded selection); -1 = every example of the
             eval environments.
-        rollouts_per_example: completions per prompt.
+        rollouts_per_example: completions per prompt; above 1, pass@k is logged too (`eval/pass@k`, k = 1,
+            2, 4, ... and rollouts_per_example; use temperature > 0, or the samples are all the same).
         interval: evaluate the weights of every interval-th step (>= 1; `data.eval: null` turns eval off).
         eval_base_model: also evaluate the initial weights (step 0).
         temperature: sampling temperature of eval (0 = greedy).
@@ -34,6 +39,7 @@ class EvalSettings:
         seed: seed of the prompt selection and sampling.
         skip_eval_on_resume: a resumed run does not evaluate the weights it resumes with (they were
             evaluated before the stop, or are not due); its next eval is at the next multiple of interval.
+        pass_threshold: a completion with reward >= this counts as correct for pass@k (1.0: full reward).
     """
 
     env: list[EnvSpec] | None = None
@@ -45,6 +51,7 @@ class EvalSettings:
     max_tokens: int | None = None
     seed: int = 1234
     skip_eval_on_resume: bool = False
+    pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
         if self.interval < 1:
@@ -90,12 +97,17 @@ class Evaluator:
         # a resumed run with skip_eval_on_resume counts its resume step as evaluated
         self.last_evaluated: int | None = start_step if start_step and settings.skip_eval_on_resume else None
 
+    def sample(self, engine: InferenceEngine, tokenizer) -> list[list[Rollout]]:
+        """One scored group of rollouts_per_example rollouts per prompt, in prompt order, sampled with the
+        engine's current weights through the rollout path of training (any engine, any environment)."""
+        return generate_rollouts(
+            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0, turns=self.turns
+        )
+
     def maybe_run(self, engine: InferenceEngine, tokenizer) -> dict[str, float]:
         if not self.settings.due(engine.weight_step, self.last_evaluated):
             return {}
-        groups = generate_rollouts(
-            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0, turns=self.turns
-        )
+        groups = self.sample(engine, tokenizer)
         rollouts = [r for g in groups for r in g]
         metrics = {
             "eval/reward": sum(r.reward for r in rollouts) / len(rollouts),
@@ -104,6 +116,11 @@ class Evaluator:
         }
         for key in sorted({k for r in rollouts for k in r.metrics}):
             metrics[f"eval/{key}"] = sum(r.metrics.get(key, 0.0) for r in rollouts) / len(rollouts)
+        if self.settings.rollouts_per_example > 1:
+            rewards = [[r.reward for r in g] for g in groups]
+            metrics.update(
+                (f"eval/pass@{k}", v) for k, v in pass_at_k_means(rewards, self.settings.pass_threshold).items()
+            )
         self.last_evaluated = engine.weight_step
         with open(self.run_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")

@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from grpokit.cli.recipe_files import find_recipe
 from grpokit.sweep.launchers import make_launcher
 from grpokit.sweep.recording import record, replay
 from grpokit.sweep.runner import SweepRunner
@@ -22,7 +23,11 @@ def sweep_main(argv: list[str]) -> int:
     parser.add_argument(
         "--config", action="append", required=True, help="the recipe (repeat for overlays), as for grpokit fit"
     )
-    parser.add_argument("--sweep", required=True, help="the sweep file (axes: and/or runs:), see docs/sweeps.md")
+    parser.add_argument(
+        "--sweep",
+        required=True,
+        help="the sweep file (axes: and/or runs:), or a shipped one by name; see docs/sweeps.md",
+    )
     parser.add_argument(
         "--max_parallel", type=int, default=None, help="runs at the same time (overrides the sweep file)"
     )
@@ -33,7 +38,7 @@ def sweep_main(argv: list[str]) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        spec = load_sweep(args.sweep)
+        spec = load_sweep(find_recipe(args.sweep, "--sweep"))  # or a shipped one by name: sweeps/reverse_text_losses
         max_parallel = args.max_parallel or spec.max_parallel
         if max_parallel < 1:
             raise SweepError(f"--max_parallel must be >= 1, got {max_parallel}")

@@ -64,7 +64,5 @@ def tiny_fit_argv(output_dir, model: str, run_name: str, *overrides: str, comman
         "[]",
         "--trainer.enable_progress_bar",
         "false",
-        "--trainer.enable_model_summary",
-        "false",
         *overrides,
     ]

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -114,9 +113,7 @@ class StopOnInterrupt(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.requested and trainer.global_step < trainer.max_steps:
-            self.stopped_at = trainer.global_step
-            if trainer.is_global_zero:
-                print(f"grpokit: stopped by Ctrl-C after {trainer.global_step} steps", file=sys.stderr)
+            self.stopped_at = trainer.global_step  # the run's summary says so (grpokit.cli.summary)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.uninstall()

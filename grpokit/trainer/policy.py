@@ -30,6 +30,7 @@ from grpokit.registry.losses.aipo import AIPO
 from grpokit.trainer.distributed import gather_step, rank_share
 from grpokit.trainer.fsdp import is_fsdp, is_sharded
 from grpokit.trainer.guards import EmptyStepWatch, NonFiniteGuard
+from grpokit.trainer.init_from import sft_model
 from grpokit.trainer.lora import LoraSettings
 from grpokit.trainer.lr_schedule import check_optimizer_settings, lr_factor
 from grpokit.trainer.metrics import mismatch_metrics, weighted_mean
@@ -67,6 +68,7 @@ class Policy(L.LightningModule):
         compile: bool = False,
         activation_memory_budget: float | None = None,
         share_prefixes: bool | None = None,
+        init_from: str | None = None,
     ) -> None:
         """
         Args:
@@ -108,11 +110,17 @@ class Policy(L.LightningModule):
                 with an ancestor mask, grpokit.common.prefix_tree): a GRPO batch repeats each prompt G times.
                 Same logprobs and gradients; needs dense attention. null = on with dense attention and
                 LoRA dropout 0 (with dropout, copies of a prompt would share one dropout mask).
+            init_from: a finished `grpokit sft` run's folder (output_dir/run_name): start from its weights
+                (its model/ folder, the SFT adapter merged), which the engine samples first and reference
+                terms compare against; `model` must be the base it was fine-tuned from; `lora` adds a
+                fresh adapter (grpokit.trainer.init_from).
         """
         super().__init__()
         if loss is None:
             loss = AIPO()
-        self.model_name, self.lora, self.loss = model, lora, loss
+        self.model_name = model if init_from is None else sft_model(init_from, model)  # the weights it loads
+        self.base_model, self.init_from = model, init_from  # model.model: the base and tokenizer, as named
+        self.lora, self.loss = lora, loss
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
@@ -265,9 +273,7 @@ class Policy(L.LightningModule):
             if not counts:
                 continue
             totals += loss.detach().double().cpu()
-            metrics.update(
-                mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T)
-            )
+            metrics.update(self.sampling_metrics(inputs))
             mb_metrics.append(metrics)
             weights.append(float(inputs.loss_mask_T.sum()))
         totals, mb_metrics, weights = (
@@ -280,6 +286,11 @@ class Policy(L.LightningModule):
             opt.step()
         opt.zero_grad(set_to_none=True)
         return StepResult(totals, grad_norm, mb_metrics, weights, stepped)
+
+    def sampling_metrics(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
+        """How far the engine's sampling distribution is from the trainer's on the loss tokens
+        (grpokit.trainer.metrics.mismatch_metrics); SFT, where nothing was sampled, reports none."""
+        return mismatch_metrics(inputs.trainer_logprobs_T.detach(), inputs.inference_logprobs_T, inputs.loss_mask_T)
 
     def _backward(self, loss: torch.Tensor) -> None:
         """Lightning's manual_backward under a Trainer (precision, strategy hooks); plain backward without (bench)."""
