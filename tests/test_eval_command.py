@@ -88,9 +88,8 @@ def test_base_and_checkpoint_side_by_side(run, tiny_model, tmp_path):
         diff["diff"] == pytest.approx(mean - base_mean, abs=1e-12) and diff["ci_low"] <= diff["diff"] <= diff["ci_high"]
     )
     assert doc["comparison"]["a"] == "base" and doc["comparison"]["b"] == "step_2"
-    assert doc["notes"] == [
-        "reverse-text: no maj@2: its tasks have no parse_answer(reply) method, so answers cannot be compared"
-    ]
+    assert doc["notes"] == []  # reverse-text's tasks parse answers (the stripped reply): maj@2 is reported
+    assert "maj@2" in doc["models"]["step_2"]["metrics"]["reverse-text"]["metrics"]
     assert "| step_2 - base |" in (tmp_path / "both.md").read_text()
 
 
@@ -185,3 +184,47 @@ def test_majority_vote_where_the_task_parses_answers(tiny_model, tmp_path, monke
         zeros, ones = p["answers"].count("0"), p["answers"].count("1")
         expected.append(float(zeros > ones or (zeros == ones and p["answers"][0] == "0")))
     assert metrics["maj@4"]["mean"] == pytest.approx(sum(expected) / 5, abs=1e-12)
+
+
+def test_eval_through_a_grpokit_infer_server(run, tiny_model, tmp_path):
+    """A server engine samples with what its server loaded: `grpokit infer` following the run's broadcast is
+    asked for step 1 (max_weight_step) although it published step 2, and the eval's requests stay pinned."""
+    from tests.support.servers import serving
+
+    broadcast = FilesystemBroadcast()
+    broadcast.setup(run)
+    flags = ["--ckpt", str(run), "--k", "2", "--num_examples", "3", "--temperature", "1.0", "--no_greedy"]
+    with serving(tiny_model, broadcast) as (_, server):
+        remote = ["--inference", "RemoteEngine", "--inference.init_args.base_url", server.url]
+        remote += ["--inference.init_args.model_name", "tiny", "--inference.init_args.max_retries", "0"]
+        doc = evaluate(tiny_model, *remote, *flags, "--step", "1", "--out", str(tmp_path / "remote.json"))
+        assert doc["models"]["step_1"]["weight_step"] == 1 and server.app.engine.weight_step == 1
+        assert all(len(p["rewards"]) == 2 for p in doc["models"]["step_1"]["problems"])
+        base = ["--base", "--k", "2", "--num_examples", "3", "--out", str(tmp_path / "base.json")]
+        with pytest.raises(ValueError, match=r"servers already hold newer weights than the base model: restart"):
+            main(["eval", *recipe(tiny_model), *remote, *base])
+    broadcast.close()
+
+
+def test_a_multi_turn_game_is_evaluated_as_the_online_eval_plays_it(tiny_model, tmp_path):
+    """guess-number answers every reply (respond), so each sample is a conversation of several turns:
+    the command plays them through the same rollout path as the online evaluator, sample for sample."""
+    env = '[{"id": "guess-number", "args": {"num_tasks": 3}}]'
+    flags = ["--base", "--k", "2", "--temperature", "1.0", "--no_greedy", "--out", str(tmp_path / "g.json")]
+    stop = ["e", "a", " "]  # the random model rarely ends a reply itself: a cut reply would end the game
+    more = ["--data.env", env, "--data.max_turns", "3", "--data.sampling.stop", json.dumps(stop)]
+    argv = tiny_fit_argv("-", tiny_model, "-", *more)[1:]
+    drop = {i + d for i, a in enumerate(argv) if a in ("--output_dir", "--run_name") for d in (0, 1)}
+    recipe_argv = [a for i, a in enumerate(argv) if i not in drop]
+    assert main(["eval", *recipe_argv, "--output_dir", str(tmp_path), *flags]) == 0
+    problems = json.loads((tmp_path / "g.json").read_text())["models"]["base"]["problems"]
+    engine = BuiltinEngine()
+    engine.setup(tiny_model)
+    envs = [Environment(EnvSpec(id="guess-number", args={"num_tasks": 3}))]
+    settings = EvalSettings(num_examples=-1, rollouts_per_example=2, temperature=1.0)
+    evaluator = Evaluator(
+        settings, envs, SamplingSettings(temperature=1.0, max_tokens=8), tmp_path, turns=TurnLimits(3, 128)
+    )
+    groups = evaluator.sample(engine, load_tokenizer(tiny_model))
+    assert [[r.reward for r in g] for g in groups] == [p["rewards"] for p in problems]
+    assert max(p["metrics"]["turns"] for p in problems) > 1  # several turns were played

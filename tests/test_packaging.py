@@ -1,7 +1,9 @@
 """Every package folder is listed in pyproject.toml (package-dir maps registry/, envs/, recipes/), and the
 wheel built from the repository works in a fresh virtual environment, from a folder outside it."""
 
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,8 +82,17 @@ def test_the_wheel_in_a_fresh_venv_lists_recipes_and_fits_one_by_name(tmp_path, 
     assert f"grpokit: trained 2 steps: {run_dir}\n" in fit.stdout, fit.stdout[-3000:]
     assert "  evaluate    grpokit eval --config reverse_text --model.model " in fit.stdout
     assert (run_dir / "checkpoints" / "step_2.ckpt").is_file()
-    # Next (issue 34): `grpokit export RUN_DIR --merge --out DIR` and `grpokit eval --config reverse_text
-    # --ckpt RUN_DIR` on this run, once those commands land: the commands the summary above prints.
+
+    # the two commands the summary printed, as printed (eval on 2 problems, 2 samples each, to stay short)
+    printed = {line.split()[0]: shlex.split(line)[1:] for line in fit.stdout.splitlines() if line.startswith("  ")}
+    run([grpokit, *printed["export"][1:]], cwd=outside)
+    merged = run_dir / "merged"
+    assert (merged / "model.safetensors").is_file() and (merged / "tokenizer.json").is_file()
+    check = "from transformers import AutoModelForCausalLM as M; import sys; M.from_pretrained(sys.argv[1])"
+    run([python, "-c", check, merged], cwd=outside)  # transformers alone loads it
+    report = outside / "eval.json"
+    run([grpokit, *printed["evaluate"][1:], "--k", "2", "--num_examples", "2", "--out", report], cwd=outside)
+    assert json.loads(report.read_text())
 
 
 def run(command: list, cwd: Path | None = None) -> subprocess.CompletedProcess:

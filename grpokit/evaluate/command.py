@@ -23,6 +23,7 @@ from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.cli import make_cli
 from grpokit.evaluate import report, scoring
 from grpokit.evaluate.weights import check_same_model, load_step, pick_step
+from grpokit.inference.remote import RemoteError
 from grpokit.orchestrator.eval_metrics import ladder
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
 from grpokit.orchestrator.rollouts import TurnLimits
@@ -185,9 +186,19 @@ def load_weights(engine, run_dir: Path | None, step: int | None, policy, scratch
     """Put step `step`'s weights into the engine (None: keep the base model it was set up with). A server
     engine samples with what its servers load: they must hold that step (the base model: step <= 0)."""
     if engine.servers_load_weights:
-        served = engine.served_weight_step(step if step is not None else 0)
+        if hasattr(engine, "pin_weights"):  # each request asks for weights up to this step, never newer
+            engine.pin_weights = True
+        wanted = "the base model" if step is None else f"step {step}"
+        try:
+            served = engine.served_weight_step(step if step is not None else 0)
+        except RemoteError as e:
+            if e.code != 409:
+                raise
+            raise ValueError(  # a server never goes back to older weights
+                f"the inference servers already hold newer weights than {wanted}: restart `grpokit infer` to "
+                f"evaluate {wanted}, or evaluate the step they hold"
+            ) from e
         if served != step and not (step is None and served <= 0):
-            wanted = "the base model" if step is None else f"step {step}"
             raise ValueError(
                 f"the inference servers hold step {served}, not {wanted}: serve {wanted} (`grpokit infer` on "
                 f"the run loads its broadcast's steps; on no run, the base model) or evaluate --step {served}"
