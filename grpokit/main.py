@@ -93,8 +93,9 @@ LOGGED_NOTICES = (
     ("lightning.fabric.utilities.rank_zero", DropLines("All distributed processes registered")),
 )
 # transformers' progress bars of the same kind: a second of "Loading weights" per model (the trainer's,
-# the engine's). Downloads keep theirs (huggingface_hub's bars).
-QUIET_PROGRESS_BARS = ("Loading weights",)
+# the engine's), "Writing model shards" when SFT and export save one. Downloads keep theirs
+# (huggingface_hub's bars).
+QUIET_PROGRESS_BARS = ("Loading weights", "Writing model shards")
 
 
 def quiet_library_notices() -> None:

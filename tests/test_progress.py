@@ -71,6 +71,10 @@ def test_replaces_only_lightnings_default_bar(default, twin):
     trainer = L.Trainer(max_steps=1, callbacks=[default(leave=True)], logger=False)
     use_step_progress_bar(trainer)
     assert type(trainer.progress_bar_callback) is twin and trainer.progress_bar_callback._leave
+    assert trainer.progress_bar_callback.description == DESCRIPTION == "GRPO step"
+    trainer = L.Trainer(max_steps=1, callbacks=[default()], logger=False)
+    use_step_progress_bar(trainer, "SFT step")  # grpokit sft's
+    assert trainer.progress_bar_callback.description == "SFT step"
 
     class Own(TQDMProgressBar):
         pass

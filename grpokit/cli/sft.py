@@ -72,7 +72,7 @@ class SftCLI(GrpoCLI):
     def before_fit(self) -> None:
         """Read and render the data (a bad example stops the start before the model loads), then the
         callbacks: Ctrl-C, checkpoints, evaluation, and the final model folder."""
-        use_step_progress_bar(self.trainer)
+        use_step_progress_bar(self.trainer, "SFT step")  # not "GRPO step"
         check_trainer_processes(self.trainer, self.run.run_name_given)
         config, run, data = self.config_init[self.subcommand], self.run, self.datamodule
         if run.restart_from is not None:  # ckpt.skip_progress: the checkpoint's weights, a new count

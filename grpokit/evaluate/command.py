@@ -143,7 +143,7 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
         check_same_model(run_dir, cli.model.base_model, cli.model.init_from)
     data, engine = cli.datamodule, cli.config_init["inference"]
     settings = eval_settings(data.eval_settings, options, data.sampling.temperature)
-    if run_dir and options.base and engine.servers_load_weights:
+    if run_dir and options.base and samples_served_weights(engine):
         raise ValueError(
             "--base with --ckpt needs an engine that loads weights itself: a server engine serves the weights "
             "its server loaded; evaluate each in a command of its own"
@@ -182,29 +182,53 @@ def problem_envs(data, tokenizer, options: EvalOptions) -> list:
     return envs
 
 
+def samples_served_weights(engine) -> bool:
+    """The engine samples with whatever its servers loaded (RemoteEngine in front of `grpokit infer`, which
+    follows the run's broadcast), rather than putting the step's weights there itself (the builtin engine;
+    VLLMEngine, which hot-loads the step's adapter: `pushes_weights`)."""
+    return engine.servers_load_weights and not getattr(engine, "pushes_weights", False)
+
+
 def load_weights(engine, run_dir: Path | None, step: int | None, policy, scratch: Path) -> None:
     """Put step `step`'s weights into the engine (None: keep the base model it was set up with). A server
-    engine samples with what its servers load: they must hold that step (the base model: step <= 0)."""
-    if engine.servers_load_weights:
-        if hasattr(engine, "pin_weights"):  # each request asks for weights up to this step, never newer
-            engine.pin_weights = True
-        wanted = "the base model" if step is None else f"step {step}"
-        try:
-            served = engine.served_weight_step(step if step is not None else 0)
-        except RemoteError as e:
-            if e.code != 409:
-                raise
-            raise ValueError(  # a server never goes back to older weights
-                f"the inference servers already hold newer weights than {wanted}: restart `grpokit infer` to "
-                f"evaluate {wanted}, or evaluate the step they hold"
-            ) from e
-        if served != step and not (step is None and served <= 0):
-            raise ValueError(
-                f"the inference servers hold step {served}, not {wanted}: serve {wanted} (`grpokit infer` on "
-                f"the run loads its broadcast's steps; on no run, the base model) or evaluate --step {served}"
-            )
+    engine that samples what its servers loaded checks they hold that step (the base model: step <= 0)."""
+    if samples_served_weights(engine):
+        check_served_step(engine, step)
     if step is not None:
         engine.load_weights(load_step(run_dir, step, policy, scratch))
+
+
+def check_served_step(engine, step: int | None) -> None:
+    """Ask the servers for `step` (a `grpokit infer` following the run loads the newest up to it) and refuse
+    other weights. A server without grpokit's GET /v1/weights (vLLM, any OpenAI-compatible server) cannot be
+    asked for a step: it serves its model as the base model, and a step is refused with the fix."""
+    if hasattr(engine, "pin_weights"):  # each request asks for weights up to this step, never newer
+        engine.pin_weights = True
+    wanted = "the base model" if step is None else f"step {step}"
+    try:
+        served = engine.served_weight_step(step if step is not None else 0)
+    except RemoteError as e:
+        urls = " ".join(engine.base_urls)
+        if e.code == 404 and step is None:
+            log.warning("%s is not grpokit's server (no /v1/weights): --base samples the model it serves", urls)
+            return
+        if e.code == 404:
+            raise ValueError(
+                f"{urls} is not grpokit's server (no /v1/weights), so it cannot be asked for step {step}: on a "
+                "vLLM server started with --enable-lora pass `--inference VLLMEngine` (it loads the step's adapter), "
+                "or serve the run with `grpokit infer`"
+            ) from e
+        if e.code != 409:
+            raise
+        raise ValueError(  # a server never goes back to older weights
+            f"the inference servers already hold newer weights than {wanted}: restart `grpokit infer` to "
+            f"evaluate {wanted}, or evaluate the step they hold"
+        ) from e
+    if served != step and not (step is None and served <= 0):
+        raise ValueError(
+            f"the inference servers hold step {served}, not {wanted}: serve {wanted} (`grpokit infer` on "
+            f"the run loads its broadcast's steps; on no run, the base model) or evaluate --step {served}"
+        )
 
 
 def play(evaluator: Evaluator, engine, tokenizer, options: EvalOptions, label: str) -> list[scoring.Problem]:

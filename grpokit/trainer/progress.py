@@ -1,4 +1,4 @@
-"""Progress bars that count GRPO steps.
+"""Progress bars that count GRPO (or SFT) steps.
 
 A GRPO run is one endless epoch bounded by `trainer.max_steps` (the orchestrator's stream of batches
 has no length), so Lightning's default bar read "Epoch 0/-2" and counted batches of the current
@@ -21,7 +21,10 @@ DESCRIPTION = "GRPO step"
 
 class CountsSteps:
     """What both bars change: the total is max_steps and the count is the global step (Lightning's
-    bars show batch_idx + 1, so they are handed global_step - 1 as the batch index)."""
+    bars show batch_idx + 1, so they are handed global_step - 1 as the batch index); `description`
+    names the step ("GRPO step", "SFT step")."""
+
+    description = DESCRIPTION
 
     @property
     def total_train_batches(self) -> int:
@@ -37,7 +40,7 @@ class StepRichProgressBar(CountsSteps, RichProgressBar):
     """Lightning's rich bar, counting global steps out of max_steps."""
 
     def _get_train_description(self, current_epoch: int) -> str:
-        return DESCRIPTION
+        return self.description
 
 
 class StepTQDMProgressBar(CountsSteps, TQDMProgressBar):
@@ -54,10 +57,10 @@ class StepTQDMProgressBar(CountsSteps, TQDMProgressBar):
     def _count_steps(self, trainer: L.Trainer) -> None:
         bar = self.train_progress_bar
         bar.total, bar.initial = trainer.max_steps, trainer.global_step
-        bar.set_description(DESCRIPTION)
+        bar.set_description(self.description)
 
 
-def use_step_progress_bar(trainer: L.Trainer) -> None:
+def use_step_progress_bar(trainer: L.Trainer, description: str = DESCRIPTION) -> None:
     """Replace Lightning's default progress bar (exactly RichProgressBar or TQDMProgressBar, as Lightning
     builds it when enable_progress_bar is on) by its step-counting twin, keeping its settings."""
     for i, bar in enumerate(trainer.callbacks):
@@ -65,7 +68,9 @@ def use_step_progress_bar(trainer: L.Trainer) -> None:
             trainer.callbacks[i] = StepRichProgressBar(
                 refresh_rate=bar.refresh_rate, leave=bar._leave, theme=bar.theme, console_kwargs=bar._console_kwargs
             )
+            trainer.callbacks[i].description = description
         elif type(bar) is TQDMProgressBar:
             trainer.callbacks[i] = StepTQDMProgressBar(
                 refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave
             )
+            trainer.callbacks[i].description = description

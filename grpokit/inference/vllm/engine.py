@@ -16,7 +16,8 @@ aborts the requests in flight at an update and resubmits their continuations und
 (grpokit.inference.interrupting), or with `on_update: finish` lets them finish with the old one.
 vLLM answers no `weight_step`, so the step of a completion is read from the adapter name it echoes in
 `model` (the base model name means step 0: a fresh LoRA adapter is zero, so the base weights are the
-step-0 policy).
+step-0 policy). `grpokit eval` loads the evaluated step the same way (`pushes_weights`), and samples
+`--base` under the base name.
 
 Full-weights updates reach vLLM only through `broadcast: VLLMNCCLBroadcast`, which loads them into
 vLLM's worker (grpokit.inference.vllm.worker); the engine then serves the base name with that step and
@@ -57,6 +58,7 @@ class VLLMEngine(RemoteEngine):
     """Client of vLLM OpenAI servers that hot-loads the trainer's LoRA adapter of each step."""
 
     applies_norm_weights = False  # LoRA hot reload carries adapter weights only
+    pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
 
     def __init__(
         self,
