@@ -137,6 +137,8 @@ ROLE_EDGES = (
     ({"environments"}, "grpokit.envs", "a built-in environment is found by id among the envs package's folders"),
     ({"sft"}, "grpokit.environments.*", "SFT chats are rendered as rollouts are, or built from environments' answers"),
     ({"sft"}, "grpokit.orchestrator.packing", "SFT examples are packed into micro-batches as rollouts are"),
+    ({"orchestrator"}, "grpokit.sft.render", "Chord's SFT-dataset experts are rendered as `grpokit sft` renders"),
+    ({"orchestrator"}, "grpokit.sft.sources", "Chord's SFT-dataset experts are read as `grpokit sft` reads them"),
 )
 
 # Plug-ins import less than their layer: these layers, these modules, and their own package. An

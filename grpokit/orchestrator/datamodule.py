@@ -28,7 +28,7 @@ from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings
-from grpokit.orchestrator.experts import ExpertSettings
+from grpokit.orchestrator.experts import DatasetExperts, ExpertSettings, ReferenceExperts, expert_source
 from grpokit.orchestrator.kl_reward import KLInRewardSettings
 from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
@@ -118,8 +118,11 @@ class Orchestrator(L.LightningDataModule):
             num_generations: alias of rollouts_per_example (ms-swift/TRL).
             num_iterations: optimizer passes over each generation (GRPO's mu; the importance ratio corrects
                 for the weights moving in between).
-            expert: add one expert completion per group, the example's reference answer (for losses
-                that learn from demonstrations, such as Chord); null adds none.
+            expert: expert completions for losses that learn from demonstrations (Chord): one per group,
+                the example's reference answer (`{field, template}`), or `per_step` records a step of a
+                separate SFT dataset (`{path, fields, per_step}`, as ms-swift's chord_sft_dataset; the
+                records are rendered as `grpokit sft` renders them, only assistant tokens trained, those
+                over seq_len dropped); null adds none.
             kl_in_reward: `{coef, estimator}`: each rollout's reward for the advantages becomes reward -
                 coef * KL_seq, the KL estimator summed over its trained tokens, engine logprobs against
                 the initial model (verl's use_kl_in_reward; grpokit.orchestrator.kl_reward); null = off.
@@ -197,6 +200,7 @@ class Orchestrator(L.LightningDataModule):
         self.max_turns = max_turns
         self.loop: RolloutLoop | None = None  # the producer, once connect() gives it an engine
         self.environments: tuple[list[Environment], list[Environment] | None] | None = None  # prepare()
+        self.experts: ReferenceExperts | DatasetExperts | None = None  # prepare(), with data.expert
         self.run_dir: Path | None = None  # connect_trainer sets these three
         self.max_steps, self.start_step = 0, 0
         self._thread: threading.Thread | None = None  # the loop's thread in co-locate mode
@@ -204,9 +208,10 @@ class Orchestrator(L.LightningDataModule):
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
     def prepare(self, tokenizer) -> tuple[list[Environment], list[Environment] | None]:
-        """Load the training and eval environments and give the filters the policy's tokenizer, once:
-        the roles that sample call it before the engine loads the model, so a bad dataset or filter
-        setting stops the start in seconds, as one line naming it. Returns (training, eval or None)."""
+        """Load the training and eval environments, data.expert's source (an SFT dataset read and
+        rendered) and give the filters the policy's tokenizer, once: the roles that sample call it before
+        the engine loads the model, so a bad dataset or filter setting stops the start in seconds, as one
+        line naming it. Returns (training, eval or None)."""
         if self.environments is None:
             training = [Environment(spec) for spec in self.env_specs]
             evaluation = None
@@ -214,6 +219,8 @@ class Orchestrator(L.LightningDataModule):
                 evaluation = [Environment(spec) for spec in self.eval_settings.env]
             for f in self.filters:
                 f.connect(tokenizer)
+            if self.expert is not None:
+                self.experts = expert_source(self.expert, training, tokenizer, self.seq_len, self.seed)
             self.environments = (training, evaluation)
         return self.environments
 

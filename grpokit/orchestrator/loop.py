@@ -27,7 +27,6 @@ from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
 from grpokit.orchestrator.driver import RolloutDriver
 from grpokit.orchestrator.evaluation import Evaluator
-from grpokit.orchestrator.experts import expert_rollouts
 from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
 from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
@@ -201,7 +200,7 @@ class RolloutLoop:
             metrics["mixed_weight_rollouts"] = sum(r.token_steps is not None for r in all_rollouts) / len(all_rollouts)
         self._log_samples(step, all_rollouts)
         temperature = self.temperature(index) or 1.0
-        micro_batches = self._pack(groups, rollouts, flags, metrics, temperature)
+        micro_batches = self._pack(step, groups, rollouts, flags, metrics, temperature)
         policy_step = min(r.policy_step for r in all_rollouts)
         start = wall_start - (gen.gen_time if fresh else 0.0)
         record_timeline(self.run_dir, "orchestrator", step, start, time.time(), policy_step=policy_step)
@@ -219,10 +218,11 @@ class RolloutLoop:
             self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
         return self.generation
 
-    def _pack(self, groups, rollouts, flags, metrics, temperature: float) -> list:
+    def _pack(self, step: int, groups, rollouts, flags, metrics, temperature: float) -> list:
         """The step's micro-batches: rollouts (masked where an enforcing filter flagged them) and expert
-        completions; records expert_seqs and packing_efficiency in `metrics`. With data.kl_in_reward the
-        advantages are of the shaped rewards (grpokit.orchestrator.kl_reward), everything else of the env's."""
+        completions (data.expert); records expert_seqs, expert_tokens and packing_efficiency in `metrics`.
+        With data.kl_in_reward the advantages are of the shaped rewards (grpokit.orchestrator.kl_reward),
+        everything else of the env's."""
         config = self.config
         shaped = groups
         if self.kl_reward is not None:
@@ -231,8 +231,9 @@ class RolloutLoop:
         advantages = config.advantage.token_advantages(shaped)
         enforced = [name for name, f in zip(flags, config.filters) if f.enforce]  # flags: in filter order
         trainable = [not any(flags[name][i] for name in enforced) for i in range(len(rollouts))]
-        experts = expert_rollouts(groups, self.envs, self.tokenizer, config.expert) if config.expert else []
+        experts = config.experts.rollouts(step, groups) if config.experts is not None else []
         metrics["expert_seqs"] = float(len(experts))
+        metrics["expert_tokens"] = float(sum(sum(r.completion_mask) for r in experts))
         micro_batches = pack(
             rollouts + experts,
             advantages + [[0.0] * len(r.completion_ids) for r in experts],

@@ -24,7 +24,7 @@ from grpokit.common.models import load_tokenizer
 from grpokit.environments import EnvSpec
 from grpokit.orchestrator.packing import pack
 from grpokit.sft.render import ChatRenderer, Rendered
-from grpokit.sft.sources import SFTFields, environment_chats, read_records, record_chats
+from grpokit.sft.sources import SFTFields, ShuffledPasses, environment_chats, read_records, record_chats
 from grpokit.types import MicroBatch, Rollout, TrainingBatch
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class SFTData(L.LightningDataModule):
         self.train_examples: list[Rendered] = []
         self.eval_examples: list[Rendered] = []
         self.max_steps, self.start_step = 0, 0
-        self._orders: dict[int, list[int]] = {}
+        self._order: ShuffledPasses | None = None
         self.overlong_counts: dict[str, tuple[int, int]] = {}  # training / eval: (truncated, dropped)
 
     # ---- start: read, render, split (before the model loads) ---------------------------------------
@@ -162,14 +162,9 @@ class SFTData(L.LightningDataModule):
 
     def example_indices(self, step: int) -> list[int]:
         """The B examples of `step`: positions step*B .. of the endless sequence of shuffled passes."""
-        n, out = len(self.train_examples), []
-        for position in range(step * self.batch_size, (step + 1) * self.batch_size):
-            epoch = position // n
-            if epoch not in self._orders:
-                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._orders = {epoch: torch.randperm(n, generator=g).tolist()}  # one pass kept at a time
-            out.append(self._orders[epoch][position % n])
-        return out
+        if self._order is None or self._order.n != len(self.train_examples):
+            self._order = ShuffledPasses(len(self.train_examples), self.seed)
+        return self._order.take(step * self.batch_size, self.batch_size)
 
     def eval_batch(self) -> list[MicroBatch]:
         """The held-out examples, packed into micro-batches of at most seq_len tokens."""

@@ -61,11 +61,14 @@ class ChatRenderer:
             )
         )
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None, where: str = "an example") -> Rendered:
-        """`messages` as ids and a loss mask over its assistant turns; ValueError (naming `where`) for a
-        chat without an assistant turn, an empty assistant turn, or a template that cannot mark them."""
+    def render(
+        self, messages: list[dict], tools: list[dict] | None = None, where: str = "an example", key: str = "data"
+    ) -> Rendered:
+        """`messages` as ids and a loss mask over its assistant turns; ValueError (naming `where`, and
+        `key`, the recipe section of its field mapping) for a chat without an assistant turn, an empty
+        assistant turn, or a template that cannot mark them."""
         messages = [self._message(m, where) for m in messages]
-        check_turns(messages, where)
+        check_turns(messages, where, key)
         full = self.ids(messages, tools)
         mask = [0] * len(full)
         for i, message in enumerate(messages):
@@ -100,13 +103,13 @@ class ChatRenderer:
         return out
 
 
-def check_turns(messages: list[dict], where: str) -> None:
+def check_turns(messages: list[dict], where: str, key: str = "data") -> None:
     """A chat to learn from: an assistant turn, none empty, and something before the first one."""
     roles = [m["role"] for m in messages]
     if "assistant" not in roles:
         raise ValueError(
             f"{where}: no assistant turn to train on (roles {roles}); every example needs at least one "
-            "assistant message (check data.fields)"
+            f"assistant message (check {key}.fields)"
         )
     if roles[0] == "assistant":
         raise ValueError(f"{where}: the chat starts with an assistant turn; it needs a prompt before it")

@@ -9,6 +9,9 @@ Each example becomes a chat (a list of messages) and the tool schemas its templa
 - an environment's example: its prompt messages (system prompt, prompt) + one assistant message,
   `answer_template` with `{answer}` replaced by the task's `answer_field` (reverse-text, arithmetic and
   jsonl keep the reply that earns full reward as `answer`; as data.expert reads it).
+
+`key` names the recipe section that holds `path` and `fields` in errors: `data` (`grpokit sft`) or
+`data.expert` (Chord's SFT dataset in `grpokit fit`). ShuffledPasses is the seeded order both draw in.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from grpokit.environments import Environment, EnvSpec
 
@@ -43,17 +48,17 @@ class SFTFields:
     tools: str = "tools"
 
 
-def read_records(path: str, split: str = "train") -> list[dict[str, Any]]:
+def read_records(path: str, split: str = "train", key: str = "data") -> list[dict[str, Any]]:
     """The records of a file (by its suffix) or of a `datasets.save_to_disk` folder (`split` of a
     DatasetDict)."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"data.path {path!r}: no such file or folder")
+        raise FileNotFoundError(f"{key}.path {path!r}: no such file or folder")
     if p.is_dir():
-        return _dataset_folder(p, split)
+        return _dataset_folder(p, split, key)
     if p.suffix == ".jsonl":
         with open(p) as f:
-            return [_json(line, p, i) for i, line in enumerate(f) if line.strip()]
+            return [_json(line, p, i, key) for i, line in enumerate(f) if line.strip()]
     if p.suffix == ".json":
         records = json.loads(p.read_text())
         return records if isinstance(records, list) else [records]
@@ -64,48 +69,48 @@ def read_records(path: str, split: str = "train") -> list[dict[str, Any]]:
     if p.suffix == ".csv":
         with open(p, newline="") as f:
             return list(csv.DictReader(f))
-    raise ValueError(f"data.path {path!r}: read are {', '.join(SUFFIXES)} files and datasets.save_to_disk folders")
+    raise ValueError(f"{key}.path {path!r}: read are {', '.join(SUFFIXES)} files and datasets.save_to_disk folders")
 
 
-def _json(line: str, path: Path, i: int) -> dict:
+def _json(line: str, path: Path, i: int, key: str) -> dict:
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"data.path {str(path)!r} line {i + 1} is not JSON: {e}") from e
+        raise ValueError(f"{key}.path {str(path)!r} line {i + 1} is not JSON: {e}") from e
 
 
-def _dataset_folder(folder: Path, split: str) -> list[dict]:
+def _dataset_folder(folder: Path, split: str, key: str) -> list[dict]:
     try:
         from datasets import DatasetDict, load_from_disk
     except ImportError as e:
-        raise ImportError(f"data.path {str(folder)!r} is a folder: reading it needs `pip install datasets`") from e
+        raise ImportError(f"{key}.path {str(folder)!r} is a folder: reading it needs `pip install datasets`") from e
     data = load_from_disk(str(folder))
     if isinstance(data, DatasetDict):
         if split not in data:
-            raise ValueError(f"data.split {split!r}: {folder} has the splits {sorted(data)}; set data.split")
+            raise ValueError(f"{key}.split {split!r}: {folder} has the splits {sorted(data)}; set {key}.split")
         data = data[split]
     return data.to_list()
 
 
-def record_chats(records: list[dict], fields: SFTFields, source: str) -> list[Chat]:
+def record_chats(records: list[dict], fields: SFTFields, source: str, key: str = "data") -> list[Chat]:
     """Each record as a chat, by `fields`; ValueError naming the key and the fields the data has."""
     if not records:
         raise ValueError(f"{source} holds no examples")
     chats = []
     for i, record in enumerate(records):
         if _has(record, fields.messages):
-            messages = _listed(record[fields.messages], f"{source} example {i}", "messages")
+            messages = _listed(record[fields.messages], f"{source} example {i}", f"{key}.fields.messages")
         elif _has(record, fields.prompt) and _has(record, fields.completion):
-            messages = _turns(record[fields.prompt], "user") + _turns(record[fields.completion], "assistant")
+            messages = _turns(record[fields.prompt], "user", key) + _turns(record[fields.completion], "assistant", key)
         else:
             raise ValueError(
-                f"{source} example {i} has neither data.fields.messages ({fields.messages!r}) nor "
-                f"data.fields.prompt and data.fields.completion ({fields.prompt!r}, {fields.completion!r}); "
-                f"its fields are {sorted(record)}: map them with data.fields (e.g. data.fields.messages: "
+                f"{source} example {i} has neither {key}.fields.messages ({fields.messages!r}) nor "
+                f"{key}.fields.prompt and {key}.fields.completion ({fields.prompt!r}, {fields.completion!r}); "
+                f"its fields are {sorted(record)}: map them with {key}.fields (e.g. {key}.fields.messages: "
                 "conversations)"
             )
         tools = record.get(fields.tools) or None
-        chats.append((messages, _listed(tools, f"{source} example {i}", "tools") if tools else None))
+        chats.append((messages, _listed(tools, f"{source} example {i}", f"{key}.fields.tools") if tools else None))
     return chats
 
 
@@ -114,18 +119,18 @@ def _has(record: dict, field: str) -> bool:
 
 
 def _listed(value: Any, where: str, key: str) -> list:
-    """A list field, which a CSV file holds as JSON text."""
+    """A list field (`key`: its recipe key), which a CSV file holds as JSON text."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: data.fields.{key} is a string but not a JSON list: {e}") from e
+            raise ValueError(f"{where}: {key} is a string but not a JSON list: {e}") from e
     if not isinstance(value, list):
-        raise ValueError(f"{where}: data.fields.{key} must be a list, got {type(value).__name__}")
+        raise ValueError(f"{where}: {key} must be a list, got {type(value).__name__}")
     return value
 
 
-def _turns(value: Any, role: str) -> list[dict]:
+def _turns(value: Any, role: str, key: str) -> list[dict]:
     """A prompt or completion: a string is one message of `role` (unless it is a JSON list of messages,
     as a CSV file holds them); a list is messages as they are."""
     if isinstance(value, str):
@@ -135,7 +140,28 @@ def _turns(value: Any, role: str) -> list[dict]:
             pass
     if isinstance(value, str):
         return [{"role": role, "content": value}]
-    return _listed(value, f"a {role} field", "prompt" if role == "user" else "completion")
+    return _listed(value, f"a {role} field", f"{key}.fields." + ("prompt" if role == "user" else "completion"))
+
+
+class ShuffledPasses:
+    """Positions 0, 1, 2, ... of an endless sequence of shuffled passes over `n` items, pass e a
+    permutation seeded by (seed, e): a function of the position, so a resumed run draws exactly what the
+    killed one would have."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def take(self, start: int, count: int) -> list[int]:
+        """The items at positions start .. start + count - 1."""
+        out = []
+        for position in range(start, start + count):
+            epoch = position // self.n
+            if epoch not in self._orders:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._orders = {epoch: torch.randperm(self.n, generator=g).tolist()}  # one pass kept at a time
+            out.append(self._orders[epoch][position % self.n])
+        return out
 
 
 def environment_chats(specs: list[EnvSpec], answer_field: str, answer_template: str) -> list[Chat]:

@@ -13,8 +13,9 @@ with s the trainer step, W = mu_warmup_steps, D = mu_decay_steps, L_rl any other
 (`rl_loss`) on the sampled tokens, E the expert tokens of this micro-batch (`inputs.expert_mask_T`) and
 |E_step| those of the whole optimizer step (`inputs.expert_normalizer`), so L_sft is a token mean over
 the step, as in Trinity-RFT's `mix_chord` (use_token_level_loss). The expert completions come from the
-orchestrator (`data.expert`: the example's reference answer, one per group; grpokit/orchestrator/experts.py);
-they are outside the RL loss mask, so they never get an advantage.
+orchestrator (`data.expert`, grpokit/orchestrator/experts.py): the example's reference answer, one per group,
+or `per_step` records a step of a separate SFT dataset (`data.expert.path`, ms-swift's chord_sft_dataset),
+whose assistant tokens are the expert tokens; they are outside the RL loss mask, so they never get an advantage.
 
 CHORD-phi down-weights tokens the policy already predicts with near certainty (p -> 1) and ones it finds
 very unlikely (p -> 0), so imitation disturbs the policy's exploration less; d L_sft / d logp_t = -phi_t / |E_step|.
