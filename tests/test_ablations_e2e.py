@@ -1,5 +1,6 @@
 """Every shipped overlay (a swapped loss, advantage or schedule) trains end to end on the tiny model."""
 
+import json
 import math
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def test_overlay_trains_on_tiny_model(overlay, tmp_path, tiny_model):
         "--ckpt.interval",
         "0",
     )
+    if "path: sft.jsonl" in overlay.read_text():  # an overlay that names the user's SFT dataset: write one
+        pairs = [{"prompt": f"Reverse: {w}", "completion": w[::-1]} for w in ("apple", "river", "stone", "cloud")]
+        (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
+        argv += ["--data.expert.path", str(tmp_path / "sft.jsonl"), "--data.expert.per_step", "2"]
     assert main(argv) == 0
     rows = read_metrics(tmp_path / "r")
     assert [int(r["step"]) for r in rows] == [0, 1]
