@@ -1,15 +1,12 @@
 """Kill `grpokit fit` with SIGKILL mid-run, resume with ckpt.resume_step -1: no step lost or repeated."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from grpokit.main import main
 from grpokit.testing import tiny_fit_argv
 from tests.support import read_metrics
+from tests.support.processes import kill_after_checkpoint
 
 MAX_STEPS = 12
 
@@ -32,18 +29,7 @@ def prompts_per_step(run: Path) -> dict[int, list[int]]:
 
 def test_sigkill_then_resume_continues_without_gaps_or_repeats(tmp_path, tiny_model):
     run = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit", *argv(tmp_path, tiny_model, "killed")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not (run / "checkpoints" / "step_4.ckpt").exists():
-        assert proc.poll() is None, "fit ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint after 300 s"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(argv(tmp_path, tiny_model, "killed"), run / "checkpoints" / "step_4.ckpt")
     killed_at = max(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.ckpt"))
     assert killed_at < MAX_STEPS
 

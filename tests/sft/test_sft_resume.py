@@ -1,17 +1,13 @@
 """Kill `grpokit sft` with SIGKILL after a checkpoint, resume with --ckpt.resume_step -1: every step is
 trained once, on the same examples, with the same losses as an uninterrupted run, bit for bit."""
 
-import signal
-import subprocess
-import sys
-import time
-
 import torch
 from safetensors.torch import load_file
 
 from grpokit.main import main
 from tests.sft.test_sft_cli import sft_argv
 from tests.support import read_metrics
+from tests.support.processes import kill_after_checkpoint
 
 MAX_STEPS = 8
 
@@ -22,18 +18,7 @@ def argv(tmp_path, tiny_model, name, *extra):
 
 def test_sigkill_then_resume_continues_exactly(tmp_path, tiny_model):
     run = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit", *argv(tmp_path, tiny_model, "killed")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not (run / "checkpoints" / "step_2.ckpt").exists():
-        assert proc.poll() is None, "sft ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint after 300 s"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(argv(tmp_path, tiny_model, "killed"), run / "checkpoints" / "step_2.ckpt")
     killed_at = max(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.ckpt"))
     assert killed_at < MAX_STEPS and not (run / "model").exists()
 

@@ -15,7 +15,7 @@ Tests import them as `from tests.support import ...` (pyproject.toml puts the re
 from tests.support.batches import assert_same_batch, make_training_batch
 from tests.support.lora import tiny_lora_update
 from tests.support.metrics import read_metrics
-from tests.support.processes import in_background, process_group_gone, wait_until
+from tests.support.processes import in_background, kill_after_checkpoint, process_group_gone, wait_until
 from tests.support.rollouts import make_group, make_rollout
 from tests.support.servers import ScriptedServer, serving, slow_forwards
 from tests.support.stand_ins import MULTI_TURN_GAME_FLAGS, ChatLengthEnv, ReplyEngine, ToolReplyTask, drain, play
@@ -29,6 +29,7 @@ __all__ = [
     "assert_same_batch",
     "drain",
     "in_background",
+    "kill_after_checkpoint",
     "make_group",
     "make_rollout",
     "make_training_batch",

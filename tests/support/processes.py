@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 
 def process_group_gone(pgid: int, within: float) -> bool:
@@ -35,3 +39,18 @@ def wait_until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def kill_after_checkpoint(argv: list[str], checkpoint: Path, timeout: float = 300.0) -> None:
+    """Run `grpokit argv` in a fresh process and SIGKILL it as soon as `checkpoint` exists (a crash mid-run);
+    fail if the process ends first or no checkpoint appears within `timeout`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + timeout
+    while not checkpoint.exists():
+        assert proc.poll() is None, f"grpokit {argv[0]} ended before it could be killed"
+        assert time.monotonic() < deadline, f"no {checkpoint.name} after {timeout:g} s"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
