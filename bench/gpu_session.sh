@@ -23,6 +23,9 @@
 #   engine_stream  the fast path's stream with CUDA graphs across a weight update, every token's
 #                  logprob against its own step's weights (bench/gpu_check_engine.py --checks stream)
 #   engine         all of bench/gpu_check_engine.py (fp32 and bf16 fast path vs plain, and the stream)
+#   sft            grpokit sft (bf16; QLoRA on an NF4 base where bitsandbytes is installed) and its held-out
+#                  eval, grpokit export of the run (adapter, and merged) loaded by plain transformers/peft,
+#                  then grpokit fit --model.init_from the SFT run (bench/gpu_check_sft.py; passed on an H200)
 # `bash bench/gpu_session.sh grpo` runs that one check. What comes back ($OUT, at most 8 files):
 # checks.jsonl (name, exit code, seconds, or why skipped), results.json (every check's JSON result),
 # gpu.txt (device and versions), logs.tgz (everything, the logs included).
@@ -74,6 +77,7 @@ run() {  # run NAME CAP COMMAND...: log to $WORK/NAME.log under min(CAP, time le
 check() {  # check NAME: one check of the list above
   case $1 in
     engine_stream) run engine_stream 150 python3 bench/gpu_check_engine.py --checks stream --out "$WORK/engine_stream.json" ;;
+    sft) run sft 200 python3 bench/gpu_check_sft.py --out "$WORK/sft" ;;
     engine) run engine 240 python3 bench/gpu_check_engine.py --out "$WORK/engine.json" ;;
     stream) run stream 330 python3 -m grpokit.bench stream --model qwen3-0.6b --device cuda --dtype bfloat16 \
       --steps 5 --groups 16 --group-size 8 --prompt-len 64 --max-tokens 512 --repeats 2 --train \
@@ -98,7 +102,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(grpo fit_stream engine_stream fit_repro train stream fit_sync fit step)
+[ ${#checks[@]} -gt 0 ] || checks=(fit_repro sft grpo fit_stream engine_stream train stream fit_sync fit step)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys
