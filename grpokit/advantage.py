@@ -18,6 +18,11 @@ class Advantage(ABC):
     Rows are groups of rollouts of the same prompt. Pure tensor function: no state, same dtype and shape
     out as in, finite for finite input (a group whose rewards are all equal gets advantage 0).
 
+    `lengths_PG` counts each rollout's trained tokens (`Rollout.completion_mask` 1), as verl's response
+    length does: a multi-turn rollout's tool results and user turns sit in its completion_ids but are not
+    trained on, so they are not part of its length. A single-turn rollout's length is its completion's;
+    one whose logprobs were non-finite (masked out of the loss) has length 0.
+
     The orchestrator calls `token_advantages(groups)`, one advantage per completion token; by default
     each rollout's advantage from `__call__` on every token of its completion. An estimator that assigns
     credit within a completion (Process) overrides it; with one step per rollout that ends at its last
@@ -40,7 +45,7 @@ class Advantage(ABC):
         if not groups:
             return []
         rewards_PG = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64)
-        lengths_PG = torch.tensor([[len(r.completion_ids) for r in g] for g in groups], dtype=torch.float64)
+        lengths_PG = torch.tensor([[sum(r.completion_mask) for r in g] for g in groups], dtype=torch.float64)
         advantages = self.checked(self(rewards_PG, lengths_PG), rewards_PG).flatten().tolist()
         return [[a] * len(r.completion_ids) for a, r in zip(advantages, (r for g in groups for r in g))]
 

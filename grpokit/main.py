@@ -179,13 +179,18 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
         startup.started = True
         return roles.infer(cli) if argv[0] == "infer" else roles.orchestrate(cli)
     if argv[0] == "sft":
-        make_sft_cli(argv[1:], startup=startup)
-        return 130 if startup.interrupted else 0
+        return signal_exit_code(make_sft_cli(argv[1:], startup=startup))
     if argv[0] == "train":
-        make_cli(["fit", *argv[1:]], role="train", startup=startup)
-    else:
-        make_cli(argv, startup=startup)
-    return 130 if startup.interrupted else 0  # 130: the shell's code for a command ended by Ctrl-C
+        return signal_exit_code(make_cli(["fit", *argv[1:]], role="train", startup=startup))
+    return signal_exit_code(make_cli(argv, startup=startup))
+
+
+def signal_exit_code(cli) -> int:
+    """A training command's exit code: 0 when it trained to max_steps; 128 + the signal that stopped it
+    before (130 Ctrl-C, 143 SIGTERM: the shell's codes), so a scheduler or a sweep never takes a run cut
+    short for a finished one (grpokit.trainer.callbacks.StopOnInterrupt)."""
+    interrupt = getattr(cli, "interrupt", None)
+    return interrupt.exit_code if interrupt is not None else 0
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from grpokit.common.models import load_tokenizer
 from grpokit.common.noisy_norms import check_engine_accepts_norms
+from grpokit.common.run_context import RunContext
 from grpokit.trainer.checkpoint import (
     archive_unfinished_attempt,
     check_no_earlier_run,
@@ -36,28 +37,7 @@ class Startup:
     started: bool = False
     role: str = "fit"  # the command: infer and orchestrate are restarted as they were, not resumed
     created_run_dir: Path | None = None
-    interrupted: bool = False  # Ctrl-C ended training before max_steps (StopOnInterrupt): exit code 130
-
-
-@dataclass
-class RunContext:
-    """Where a run lives and where this process starts in it: what every role's wiring reads.
-
-    Attributes:
-        run_dir: `{output_dir}/{run_name}`, shared by the processes of a run.
-        run_name_given: whether the recipe named the run (several trainer processes must).
-        start_step: the first step this process trains or produces (a resumed run's checkpoint step).
-        resuming: ckpt.resume_step continues the count (not ckpt.skip_progress).
-        restart_from: ckpt.skip_progress: (checkpoint, its step), whose weights start a new count.
-        restore_buffer: restore the easy/hard pools of start_step (not ckpt.skip_buffer).
-    """
-
-    run_dir: Path
-    run_name_given: bool
-    start_step: int = 0
-    resuming: bool = False
-    restart_from: tuple[Path, int] | None = None
-    restore_buffer: bool = True
+    interrupted: bool = False  # a signal ended training before max_steps (StopOnInterrupt: its exit_code)
 
 
 def open_run(config, role: str, trains: bool, startup: Startup) -> RunContext:

@@ -63,6 +63,7 @@ UNIT_PATHS = (
     "sweep/test_spec.py",
     "bench/test_overlap.py",
     "test_graph_capture.py",
+    "cli/test_stages.py",
 )
 
 

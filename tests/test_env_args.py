@@ -1,5 +1,6 @@
-"""An environment swapped on the command line starts from its own args (grpokit.cli.env_args), through
-the real recipe parser."""
+"""An environment list given again on the command line replaces the recipe's whole: a swapped environment
+starts from its own args (grpokit.cli.env_args), also through the real recipe parser. Overlay files:
+tests/test_list_overlays.py."""
 
 import pytest
 
@@ -24,8 +25,12 @@ def test_swapped_environment_drops_the_args_of_the_one_it_replaced(tmp_path, cap
         ["--config", str(recipe), "--data.env", "[{id: guess-number, args: {num_tasks: 5}}]"], kept
     )
     assert kept.data.env[0].args == {"num_tasks": 5}
-    same = parsed("reverse-text", {"min_words": 1})  # the same id again keeps the recipe's args
-    assert not reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: reverse-text}]"], same)
+    same = parsed("reverse-text", {"min_words": 1})  # the same id again: the list still replaces the recipe's
+    assert reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: reverse-text}]"], same)
+    assert same.data.env[0].args == {}
+    named = Namespace(data=Namespace(env=[Namespace(id="guess-number", args={}, name="g", ratio=0.5)]))
+    reset_carried_env_args(["--config", str(recipe), "--data.env", "[{id: guess-number}]"], named)
+    assert (named.data.env[0].name, named.data.env[0].ratio) == (None, None)  # nothing carries, not only args
     # a verifiers Env's own config (env_args) is dropped the same way when the id changes
     recipe.write_text("data:\n  env:\n    - id: user-sim+reverse-text\n      env_args: {user: {max_turns: 2}}\n")
     paired = Namespace(data=Namespace(env=[Namespace(id="guess-number", args={}, env_args={"user": {"max_turns": 2}})]))
@@ -47,5 +52,5 @@ def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "min_words" not in out.stdout and "replaced an earlier environment" in out.stderr
+    assert "min_words" not in out.stdout and "replaces the earlier list whole" in out.stderr
     assert "user-sim+reverse-text" in out.stdout and "max_turns: 2" in out.stdout  # a verifiers Env's config

@@ -9,7 +9,8 @@ from grpokit.orchestrator import Orchestrator
 from grpokit.trainer.policy import Policy
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-BASES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.endswith("_sft.yaml"))  # sft: tests/sft/
+# sft recipes and pipelines (an SFT stage first): tests/sft/
+BASES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.endswith(("_sft.yaml", "_pipeline.yaml")))
 OVERLAYS = sorted(p for p in (RECIPES / "ablations").glob("*.yaml"))
 
 

@@ -107,7 +107,7 @@ def test_entry_point_plugin_is_usable_by_short_name(tmp_path, monkeypatch):
     assert "lab_plugin" in sys.modules
     assert any(c.class_path == "lab_plugin.CenteredOnly" for c in components("advantage"))
     cli = build(tmp_path, "--data.advantage", "CenteredOnly")
-    assert type(cli.datamodule.advantage).__module__ == "lab_plugin"
+    assert type(cli.datamodule.settings.advantage).__module__ == "lab_plugin"
 
 
 def test_only_grpokit_infer_imports_the_http_server_stack():

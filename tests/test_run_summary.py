@@ -56,6 +56,8 @@ def test_a_ctrl_c_stop_says_at_which_step_and_how_to_resume(tmp_path):
     assert text.splitlines()[0] == f"grpokit: stopped by Ctrl-C after 3 steps (of 10): {run}"
     assert "  reward      0.000 (step 0) -> 1.000 (step 2)\n  eval reward 0.500 (weights of step 0)\n" in text
     assert "  resume      the same command with --ckpt.resume_step -1\n" in text
+    sigterm = run_summary(run, ["--config", "r.yaml"], 3, 10, stopped_by_ctrl_c=True, signal="SIGTERM")
+    assert sigterm.splitlines()[0] == f"grpokit: stopped by SIGTERM after 3 steps (of 10): {run}"
 
 
 def test_a_run_without_checkpoints_or_eval_still_shows_the_commands(tmp_path):

@@ -7,6 +7,13 @@ integer. The reward is 1.0 when the reply's final answer equals the answer exact
 answer is the last number inside the last \\boxed{...}, or the last number of the reply when there is no
 \\boxed{}. A number with a non-zero fractional part is no integer answer ("42.0" counts as 42).
 
+What scores: the prompt asks for "a single integer, alone or in \\boxed{}", and both score: "36" and
+"\\boxed{36}". The format is not required: a number ending prose scores too ("so Tom has 36 apples."),
+the fallback a model rambling past its first numbers learns from (recipes/arithmetic.yaml). Of several
+numbers the last counts ("3 * 12 = 36" is read as 36, "36, or 40" as 40); a \\boxed{} wins over the
+numbers after it ("\\boxed{36}, check: 40" is read as 36), and a \\boxed{} with no number in it is no
+answer, whatever the prose says. A minus sign always belongs to the number ("40-4" holds 40 and -4).
+
 Args (recipe `data.env: [{id: arithmetic, args: {...}}]`): num_tasks, min_steps, max_steps, max_number, seed.
 """
 

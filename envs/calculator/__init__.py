@@ -6,8 +6,15 @@ wrong on its own. The model may call the tool `calculator(expression)` in the He
 
 Reward: 1.0 when the final reply's last number is the answer, else 0; plus 0.2 when a tool call
 returned a result, so a model that has not yet learnt to answer from the result is still pulled
-toward calling the tool. Metrics: `solved` (the answer is right), `tool_success` (a call returned a
-result), `used_tool` (a call was made at all). The prompt holds three worked exchanges (see EXAMPLE).
+toward calling the tool. What scores: the prompt asks for "the number only", and no format is required:
+the final reply's last number is its answer, whether it stands alone ("10063"), ends prose ("347 * 29 is
+10,063.") or follows others ("347 * 29 = 10063": the last counts). A number is read as
+envs/dataset/answers.py reads one (comma groups of three, a decimal part, a minus sign unless it follows
+a digit: "10-3" holds 10 and 3); a value with a fractional part is no whole-number answer, so "12.5"
+does not count as 5 and "10063.0" counts as 10063.
+
+Metrics: `solved` (the answer is right), `tool_success` (a call returned a result), `used_tool` (a call
+was made at all). The prompt holds three worked exchanges (see EXAMPLE).
 
 Args (recipe `data.env: [{id: calculator, args: {...}}]`): num_tasks, min_digits, max_digits, seed.
 """
@@ -18,9 +25,10 @@ import ast
 import json
 import operator
 import random
-import re
 
 import verifiers.v1 as vf
+
+from grpokit.envs.dataset import answers
 
 TOOL_BONUS = 0.2
 SYSTEM_PROMPT = "You have a calculator tool. Call it for every question, then reply with the number only."
@@ -46,7 +54,6 @@ EXAMPLE = [
         vf.AssistantMessage(content=str(result)),
     )
 ]
-NUMBER = re.compile(r"-?\d[\d,]*")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.USub: operator.neg}
 MAX_EXPRESSION = 200
 
@@ -77,8 +84,9 @@ def _evaluate(node: ast.AST) -> int:
 
 
 def final_answer(reply: str) -> int | None:
-    numbers = NUMBER.findall(reply)
-    return int(numbers[-1].replace(",", "")) if numbers else None
+    """The reply's last number if it is a whole number; None when there is none or it has a fraction."""
+    found = answers.numbers(reply)
+    return int(found[-1]) if found and found[-1].denominator == 1 else None
 
 
 class CalculatorData(vf.TaskData):

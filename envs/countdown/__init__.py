@@ -15,6 +15,13 @@ with at least one operator (a bare number is no answer), uses each at most as of
 value (no division by zero); else 0.0. Metric `solved`: 1.0 iff it equals
 the target.
 
+What scores: an expression, never a number. The prompt asks for it in <answer></answer> tags; without
+tags, the reply's last non-empty line is read, and counts only when it is nothing but an expression
+("4 + 7", or "4 + 7 = 11"), so prose around an answer ("I get 4 + 7 = 11.") scores 0 unless the
+expression is tagged or alone on the last line. A bare number scores 0 in tags or not, the target
+included ("<answer>11</answer>": no operator, so no answer, and no format credit). Of several tagged
+answers the last counts; of several expressions on the last line, the text before its first "=".
+
 Args (recipe `data.env: [{id: countdown, args: {...}}]`): num_tasks, min_numbers, max_numbers,
 max_number, max_target, seed; and `task: {format_score: ...}` (0.0 for a pure correctness reward).
 """

@@ -14,7 +14,9 @@ GSM8K answer's worked solution and `#### N` show the format), the question then 
 "Question: ...\\nAnswer:". A system prompt comes from `system_field`, else `system_prompt_text`, else
 verifiers' shared `system_prompt` arg (a file; when set, it replaces the other two for every task).
 
-Reward: envs/dataset/task.py (`task.match`: gsm8k, the default, exact or math; `task.format_weight`).
+Reward: envs/dataset/task.py (`task.match`: gsm8k, the default, exact or math; `task.format_weight`;
+`task.require_format`). With match gsm8k a bare number or one ending prose scores like a \\boxed{} one
+unless `task.require_format` is true.
 
 Args (recipe `data.env: [{id: dataset, args: {path: data/gsm8k, split: test, task: {match: gsm8k}}}]`):
 path, split, prompt_field, answer_field, system_field, system_prompt_text, few_shot, num_tasks, task.

@@ -4,11 +4,17 @@ The problems are made up in envs/gsm8k/generate.py (one or two steps, small whol
 text) and stored next to this module as train.jsonl and eval.jsonl, one {"question", "answer"} object a
 line, the answer a worked solution ending in `#### N` as in GSM8K. `split` picks the file. The task and
 its reward are the `dataset` environment's (envs/dataset/task.py: `task.match` gsm8k by default, the
-reply's \\boxed{} or `####` or last number against N; `task.format_weight`), without its need for the
-`datasets` package. For the real GSM8K (or any Parquet / save_to_disk copy), use the `dataset` env.
+number in the reply's last \\boxed{}, else after its `####`, else its last number, against N;
+`task.format_weight`, `task.require_format`), without its need for the `datasets` package. For the real
+GSM8K (or any Parquet / save_to_disk copy), use the `dataset` env.
+
+What scores: the prompt asks for the answer in \\boxed{}, but by default a bare number ("18") or a
+number ending prose ("so 18 apples") scores 1.0 as well, through the last-number fallback; of several
+numbers the boxed one counts, else the one after `####`, else the last. `task.require_format: true` makes
+the format required (a right number without \\boxed{} or `####` scores 0).
 
 Args (recipe `data.env: [{id: gsm8k, args: {split: train}}]`): split, num_tasks, system_prompt (a
-file replacing SYSTEM_PROMPT), task.match, task.format_weight.
+file replacing SYSTEM_PROMPT), task.match, task.format_weight, task.require_format.
 """
 
 from __future__ import annotations

@@ -16,8 +16,11 @@ the recipe's sources in order (each `--config` file, then each flag, as jsonargp
 finds, for every component, the arguments set since its class last changed, and resets the other
 carried arguments to the new class's defaults, saying so on stderr.
 
-A list of components (`data.filters`) given again is merged element by element by jsonargparse, so
-each element is tracked by its index the same way.
+A list of components (`data.filters`) given again replaces the earlier list whole, as a reader of the
+recipe and its overlay expects. jsonargparse instead merges it element by element when the lengths match
+(an overlay's `filters: [{class_path: Overlong}]` kept the recipe's `enforce: true`), so each element is
+tracked by its index, and an element of a list given again is reset to its class's defaults but for
+what that list (or a later flag) sets.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class _History:
     cls: str | None = None  # the class the sources last named (short name or class path)
     switched: bool = False  # a source named a different class after an earlier one
     explicit: set[str] = field(default_factory=set)  # init_args given since the last class change
+    fresh: bool = False  # an element of a list given again: nothing carries from the earlier element
 
 
 def _short(cls: str) -> str:
@@ -147,6 +151,8 @@ def _histories(
         for k in list_keys:
             if flag in (k, k + "+"):
                 _apply_list(histories, lengths, k, value, append=flag.endswith("+"))
+            elif flag.startswith(k + ".") and lengths[k]:  # a setting of the last element, as jsonargparse
+                _apply_flag(histories[f"{k}[{lengths[k] - 1}]"], k, flag, value)
         for k in keys:
             _apply_flag(histories[k], k, flag, value)
     return histories
@@ -160,6 +166,8 @@ def _apply_list(histories: dict[str, _History], lengths: dict[str, int], key: st
     items = items if isinstance(items, list) else [items]
     start = lengths[key] if append else 0
     for i, item in enumerate(items, start):
+        if not append:  # the list replaces the earlier one: its elements start afresh
+            histories[f"{key}[{i}]"] = _History(fresh=i < lengths[key])
         _apply_value(histories.setdefault(f"{key}[{i}]", _History()), item)
     lengths[key] = start + len(items) if append else len(items)
 
@@ -219,7 +227,7 @@ def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namesp
     it replaced to the new class's default; return one line per reset component (also printed to stderr)."""
     notes = []
     for key, h in _histories(argv, *_component_keys(config), defaults).items():
-        if not h.switched:
+        if not (h.switched or h.fresh):
             continue
         name, _, index = key.partition("[")
         if index and int(index[:-1]) >= len(config[name] or []):
@@ -235,10 +243,14 @@ def reset_carried_init_args(argv: list[str], config: Namespace, defaults: Namesp
             setattr(node.init_args, n, default)
         if reset:
             changes = ", ".join(f"{n} {old!r} -> {new!r}" for n, (old, new) in reset.items())
+            cls = _short(node.class_path)
             notes.append(
-                f"{key}: {_short(node.class_path)} replaced an earlier class; its settings "
-                f"carried from that class are reset to {_short(node.class_path)}'s "
-                f"defaults ({changes}). Give them after the class to keep other values."
+                f"{key}: {cls} replaced an earlier class; its settings carried from that class are reset to "
+                f"{cls}'s defaults ({changes}). Give them after the class to keep other values."
+                if h.switched
+                else f"{key}: {cls} is in a list given again, which replaces the earlier list whole; its "
+                f"settings carried from the earlier element are reset to {cls}'s defaults ({changes}). Give "
+                "them in the same list to keep other values."
             )
     for line in notes:
         print(f"grpokit: {line}", file=sys.stderr)

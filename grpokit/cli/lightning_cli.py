@@ -24,6 +24,7 @@ from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.env_args import reset_carried_env_args
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.roles import ServerSettings, first_unsent_step
+from grpokit.cli.stages import add_sft_section, init_from_sft_stage
 from grpokit.cli.summary import recipe_args, run_summary
 from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
@@ -121,6 +122,7 @@ class GrpoCLI(LightningCLI):
         )
         parser.add_class_arguments(CheckpointSettings, "ckpt")
         parser.add_class_arguments(ServerSettings, "server")
+        add_sft_section(parser)  # a pipeline recipe's SFT stage (grpokit.cli.stages)
         parser.add_subclass_arguments(
             InferenceEngine, "inference", default=lazy_instance(BuiltinEngine), required=False
         )
@@ -143,6 +145,7 @@ class GrpoCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_recipe(config, self.role)  # values that go wrong only together, the run folder's place, the seeds
+        init_from_sft_stage(config)  # a pipeline recipe: GRPO starts from its SFT stage's run
         check_strategy_name(config.trainer.strategy)
         self.run = open_run(config, self.role, trains=bool(self.subcommand), startup=self.startup)
         config.trainer.default_root_dir = str(self.run.run_dir)
@@ -188,15 +191,13 @@ class GrpoCLI(LightningCLI):
             engine,
             broadcast,
             tokenizer,
-            run.run_dir,
+            run,
             self.trainer.max_steps,
-            run.start_step,
-            run.restore_buffer,
             # DDP: keep a micro-batch per rank
             trainer_shares_prefixes=self.model.share_prefixes and self.trainer.world_size == 1,
             reference_model=self.model.model_name,  # data.kl_in_reward's reference: the initial policy
         )
-        warn_if_loss_has_kl(self.datamodule.kl_in_reward, self.model.loss)
+        warn_if_loss_has_kl(self.datamodule.settings.kl_in_reward, self.model.loss)
         if self.trainer.max_steps == -1:
             self._one_pass(self.datamodule.max_steps)
         if getattr(engine, "share_weights", False) and self.model.lora is not None:
@@ -217,18 +218,24 @@ class GrpoCLI(LightningCLI):
         self.datamodule.start(first, after=release.ready)
 
     def after_fit(self) -> None:
-        """Exit code 130 after a Ctrl-C (grpokit.main reads `startup`); rank 0 of a run that trained a step
-        prints the summary: rewards, checkpoint, and how to export and evaluate it (grpokit.cli.summary)."""
+        """Exit code 130 after a Ctrl-C, 143 after SIGTERM (grpokit.main reads `interrupt`); rank 0 of a
+        run that trained a step prints the summary: rewards, checkpoint, and how to export and evaluate it
+        (grpokit.cli.summary)."""
         self.startup.interrupted = self.interrupt.stopped_at is not None
         trainer = self.trainer
         if trainer.is_global_zero and trainer.global_step > self.run.start_step:
             summary = run_summary(
-                self.run.run_dir, self.recipe, trainer.global_step, trainer.max_steps, self.startup.interrupted
+                self.run.run_dir,
+                self.recipe,
+                trainer.global_step,
+                trainer.max_steps,
+                self.startup.interrupted,
+                self.interrupt.signal_name,
             )
             print(summary, end="", flush=True)
 
     def _stop_on_interrupt(self) -> None:
-        """Ctrl-C stops training after the current step (StopOnInterrupt); added before the Checkpointer,
+        """Ctrl-C or SIGTERM stops training after the current step (StopOnInterrupt); added before the Checkpointer,
         whose hook of that step then writes its checkpoint."""
         self.interrupt = StopOnInterrupt()
         self.interrupt.install()
@@ -261,9 +268,9 @@ class GrpoCLI(LightningCLI):
 
         if self.trainer.is_global_zero:
             archive = archive_progress(self.run.run_dir)
-            data = self.datamodule
-            if data.buffer.uses_pools:
-                generation = data.shape.locate(step)[0] if self.run.restore_buffer else None
+            settings = self.datamodule.settings
+            if settings.buffer.uses_pools:
+                generation = settings.shape.locate(step)[0] if self.run.restore_buffer else None
                 restart_log(self.run.run_dir / "buffer.jsonl", generation)
             print(
                 "ckpt.skip_progress: counting from step 0 with the weights "

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from grpokit.inference import InferenceEngine
 from grpokit.inference.builtin import BuiltinEngine
@@ -126,6 +126,15 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM where Ctrl-C's KeyboardInterrupt would be: the orchestrator stops the same way, and exits
+    143 (128 + SIGTERM), not 130, so a scheduler sees which signal ended it."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def orchestrate(cli) -> int:
     """Produce the batches of every step in this process (the engine is the recipe's `inference`)."""
     config = cli.config_init
@@ -139,24 +148,22 @@ def orchestrate(cli) -> int:
         engine,
         broadcast,
         tokenizer,
-        cli.run.run_dir,
+        replace(cli.run, start_step=start),
         cli.trainer.max_steps,
-        start,
-        cli.run.restore_buffer,
         reference_model=cli.model.model_name,  # data.kl_in_reward's reference: the initial policy
     )
-    warn_if_loss_has_kl(data.kl_in_reward, cli.model.loss)
+    warn_if_loss_has_kl(data.settings.kl_in_reward, cli.model.loss)
     loop.announce = True  # each batch sent, and a long wait for the trainer's weights, on stderr
     first = first_unsent_step(data, start)
     log.info("orchestrating run %s from step %d to %d", cli.run.run_dir, first, cli.trainer.max_steps)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it like Ctrl-C: batch files are written whole
+    signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops it like Ctrl-C: batch files are written whole
     try:
         loop.run(first)
         log.info("every batch up to step %d sent", cli.trainer.max_steps - 1)
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         log.info("orchestrator stopped; the same command continues from the first batch not yet sent")
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         try:
             data.transport.close()

@@ -19,6 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from grpokit.cli.checks import check_max_steps, check_run_location, fill_seeds
 from grpokit.cli.errors import GrpoArgumentParser
 from grpokit.cli.lightning_cli import GrpoCLI, MarkStarted, with_csv_logger
+from grpokit.cli.stages import sft_stage_argv
 from grpokit.registry.losses.nll import NLL
 from grpokit.run import Startup, open_run
 from grpokit.sft.datamodule import SFTData
@@ -96,13 +97,14 @@ class SftCLI(GrpoCLI):
         self.trainer.callbacks.append(MarkStarted(self.startup))
 
     def after_fit(self) -> None:
-        self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130
+        self.startup.interrupted = self.interrupt.stopped_at is not None  # grpokit.main exits with 130 or 143
 
 
 def make_sft_cli(argv: list[str], run: bool = True, startup: Startup | None = None) -> SftCLI:
     """Parse `argv` (the options after `grpokit sft`), build SFTPolicy and SFTData, and train (unless
     `run` is False: parse and build only)."""
     cls = type("SftCLI_run", (SftCLI,), {"startup": startup or Startup()})
+    argv = sft_stage_argv(argv)  # a pipeline recipe's `sft:` section is this command's recipe
     return cls(
         SFTPolicy,
         SFTData,

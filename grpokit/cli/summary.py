@@ -19,12 +19,20 @@ WINDOW = 5  # steps averaged at each end of the reward curve
 RUN_ONLY = {"trainer", "ckpt", "run_name", "output_dir", "num_threads", "seed_everything", "print_config"}
 
 
-def run_summary(run_dir: Path, recipe: list[str], steps: int, max_steps: int, stopped_by_ctrl_c: bool = False) -> str:
+def run_summary(
+    run_dir: Path,
+    recipe: list[str],
+    steps: int,
+    max_steps: int,
+    stopped_by_ctrl_c: bool = False,
+    signal: str = "Ctrl-C",
+) -> str:
     """The end-of-run lines for the run in `run_dir`, trained for `steps` steps of `max_steps`; `recipe`:
-    the arguments that give the eval command the run's recipe (`recipe_args`)."""
+    the arguments that give the eval command the run's recipe (`recipe_args`). `stopped_by_ctrl_c`: a
+    signal (`signal`: "Ctrl-C" or "SIGTERM") ended training early."""
     shown = shlex.quote(str(run_dir))
     if stopped_by_ctrl_c:
-        head = f"grpokit: stopped by Ctrl-C after {_count(steps)} (of {max_steps}): {run_dir}"
+        head = f"grpokit: stopped by {signal} after {_count(steps)} (of {max_steps}): {run_dir}"
     else:
         head = f"grpokit: trained {_count(steps)}: {run_dir}"
     lines = [head, *reward_lines(run_dir)]

@@ -19,6 +19,7 @@ does not is refused with its name, rather than trained on with drifting ids.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 _PROBE_USER = {"role": "user", "content": "x"}
@@ -71,6 +72,19 @@ class ChatTokens:
                 "by turn without re-tokenising (use a template that keeps earlier turns as they were)"
             )
         return self.closing[_held(completion_ids, self.closing) :] + full[len(self.probe) :]
+
+    @functools.cached_property
+    def token_chars(self) -> int:
+        """Characters in the tokenizer's longest vocabulary entry (added tokens included): no token holds
+        more of a message's text."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+    def cannot_fit(self, messages: list[dict[str, Any]], room: int) -> bool:
+        """Whether `messages` certainly render to more than `room` tokens, told from their characters
+        alone (their text needs at least len / token_chars tokens), so that a turn too long for the budget
+        is refused before the chat template and the tokenizer read all of it."""
+        chars = sum(len(m.get("content") or "") for m in messages)
+        return chars > max(room, 0) * self.token_chars
 
     def closing_after(self, completion_ids: list[int]) -> list[int]:
         """The rest of the assistant closing after a completion (the last turn's, before scoring)."""

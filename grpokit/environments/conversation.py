@@ -13,6 +13,15 @@ members, found by name like `step_rewards` (grpokit.environments.environment):
         results for a reply with calls, and `respond` for a reply without.
     max_turns: the most assistant turns of a rollout (else data.max_turns).
     tool_timeout: seconds a tool may run (else 10): a finite number > 0, else the run stops naming it.
+    respond_timeout: seconds `respond` may run (else 300, as an Env episode's code between two turns):
+        past it the run stops naming the environment and example, as for a `respond` that raises (it
+        runs in a daemon worker thread, so a `respond` that never returns does not keep the process).
+
+An environment turn whose messages hold more characters than the tokens left in the budget can render
+(each token holds at most the tokenizer's longest vocabulary entry) ends the rollout, truncated, before
+it is rendered, as the budget would after rendering: a 10 MB `respond` message used to be tokenised every
+turn. It is logged (a WARNING naming the environment and example, at the first and every
+LONG_WARN_EVERY-th) and counted in `env/oversized_turns`.
 
 A verifiers Task with `toolsets` (or whose Taskset has them) is multi-turn too: their `@vf.tool` methods
 are tools like `tools`, called in this process (grpokit.environments.toolsets); the Example carries
@@ -24,10 +33,13 @@ environment's messages alone (grpokit.environments.chat_tokens) and has mask 0, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import numbers
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +47,16 @@ from grpokit.common.errors import RunDataError
 from grpokit.environments.environment import MAX_ABS_REWARD, is_moderate, is_number
 from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_calls
 from grpokit.environments.toolsets import SETUP_TIMEOUT
+from grpokit.environments.workers import POOL
 from grpokit.inference import Completion
 
 log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0
+DEFAULT_RESPOND_TIMEOUT = 300.0  # as episodes.SETTLE_TIMEOUT: an environment's own code between two turns
+LONG_WARN_EVERY = 100  # an environment's oversized turns are logged at the first and every this many after
+OVERSIZED_TURNS = "oversized_turns"  # the batch metric env/oversized_turns
+_OVERSIZED: Counter = Counter()  # oversized turns per environment name, this process
+_OVERSIZED_LOCK = threading.Lock()
 NONFINITE_LOGPROBS = "nonfinite_logprobs"  # the batch metric env/nonfinite_logprobs
 
 
@@ -72,6 +90,7 @@ class Conversation:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    oversized_turns: int = 0  # environment turns too long to fit the budget (the rollout ended at the first)
     env_time: float = 0.0
     toolsets: Any = None  # the rollout's verifiers toolsets (RolloutToolsets), from its first tool call on
     done: bool = False
@@ -109,12 +128,15 @@ class Conversation:
         self.messages += messages
 
     def metrics(self) -> dict[str, float]:
+        """The rollout's counters as env/ metrics; `oversized_turns` only when one happened (a rare fault,
+        so its column appears in metrics.csv only in runs that have it)."""
         return {
             "turns": float(self.turns),
             "tool_calls": float(self.tool_calls),
             "tool_errors": float(self.tool_errors),
             "tool_timeouts": float(self.tool_timeouts),
             "env_time": self.env_time,
+            **({OVERSIZED_TURNS: float(self.oversized_turns)} if self.oversized_turns else {}),
         }
 
 
@@ -139,20 +161,13 @@ def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
             return EnvTurn(done=True)
         if calls:
             tools.update(_toolset_tools(conv, source))
-            results = run_tool_calls(tools, calls, tool_timeout(conv))
+            results = run_tool_calls(tools, calls, tool_timeout(conv), _where(conv))
             _count(conv, results)
             return EnvTurn(messages=[{"role": "tool", "content": r.content} for r in results])
         respond = getattr(task, "respond", None)
         if respond is None:
             return EnvTurn(done=True)
-        try:
-            answer = respond(conv.messages, conv.state)
-        except Exception as e:
-            raise ValueError(
-                f"environment {conv.env.name!r} example {conv.example.index}: respond() raised "
-                f"{type(e).__name__}: {e}; fix the environment's respond method"
-            ) from e
-        return as_env_turn(answer, conv)
+        return as_env_turn(_respond(conv, respond), conv)
     finally:
         conv.env_time += time.perf_counter() - start
 
@@ -214,18 +229,78 @@ def _is_moderate_number(value: Any) -> bool:
 
 
 def tool_timeout(conv: Conversation) -> float:
-    """The task's `tool_timeout` (else DEFAULT_TOOL_TIMEOUT); 0, a negative number, NaN, inf or a
+    """The task's `tool_timeout` (else DEFAULT_TOOL_TIMEOUT), checked by `task_seconds`."""
+    return task_seconds(conv, "tool_timeout", DEFAULT_TOOL_TIMEOUT)
+
+
+def respond_timeout(conv: Conversation) -> float:
+    """The task's `respond_timeout` (else DEFAULT_RESPOND_TIMEOUT), checked by `task_seconds`."""
+    return task_seconds(conv, "respond_timeout", DEFAULT_RESPOND_TIMEOUT)
+
+
+def task_seconds(conv: Conversation, name: str, default: float) -> float:
+    """The task's timeout attribute `name` (else `default`); 0, a negative number, NaN, inf or a
     non-number would make every call time out at once or never, so it stops the run naming the task."""
-    value = getattr(conv.example.task, "tool_timeout", None)
+    value = getattr(conv.example.task, name, None)
     if value is None:
-        return DEFAULT_TOOL_TIMEOUT
+        return default
     seconds = float(value) if is_number(value) and isinstance(value, numbers.Real) else math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise RunDataError(
-            f"environment {conv.env.name!r} example {conv.example.index}: the task's tool_timeout is {value!r:.50}; "
-            f"set it to a finite number of seconds > 0 (or leave it out for {DEFAULT_TOOL_TIMEOUT:g} s)"
+            f"{_where(conv)}: the task's {name} is {value!r:.50}; "
+            f"set it to a finite number of seconds > 0 (or leave it out for {default:g} s)"
         )
     return seconds
+
+
+def _respond(conv: Conversation, respond: Any) -> Any:
+    """The task's `respond(messages, state)`, run in a worker thread within its respond_timeout. One that
+    raises or runs past the timeout stops the run naming the environment and example: a made-up answer
+    would train silently. The hung call's thread is a daemon, given up on: the process still exits."""
+    seconds = respond_timeout(conv)
+    future = POOL.submit(respond, conv.messages, conv.state)
+    try:
+        return future.result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        POOL.abandon(future)
+        raise RunDataError(
+            f"{_where(conv)}: respond() did not return within {seconds:g} s (the task's respond_timeout, "
+            f"default {DEFAULT_RESPOND_TIMEOUT:g}); fix the environment's respond method, or raise respond_timeout "
+            "if it is slow by design"
+        ) from None
+    except Exception as e:
+        raise ValueError(
+            f"{_where(conv)}: respond() raised {type(e).__name__}: {e}; fix the environment's respond method"
+        ) from e
+
+
+def over_budget(conv: Conversation, chat: Any, messages: list[dict[str, Any]], room: int) -> bool:
+    """Whether the environment turn's `messages` certainly take more than the `room` tokens left
+    (ChatTokens.cannot_fit, from their length alone); such a turn is counted in conv.oversized_turns and
+    logged at the environment's first and every LONG_WARN_EVERY-th, and the caller ends the rollout."""
+    if not chat.cannot_fit(messages, room):
+        return False
+    conv.oversized_turns += 1
+    with _OVERSIZED_LOCK:
+        _OVERSIZED[conv.env.name] += 1
+        count = _OVERSIZED[conv.env.name]
+    if count == 1 or count % LONG_WARN_EVERY == 0:
+        log.warning(
+            "%s: the environment's turn has %d characters, more than the %d tokens left of the budget can hold "
+            "(data.seq_len less the conversation so far and data.sampling.max_tokens); the rollout ends there, "
+            "truncated, without rendering them (%d such turns of this environment so far, env/%s)",
+            _where(conv),
+            sum(len(m.get("content") or "") for m in messages),
+            max(room, 0),
+            count,
+            OVERSIZED_TURNS,
+        )
+    return True
+
+
+def _where(conv: Conversation) -> str:
+    """How errors and warnings name the conversation: its environment and example."""
+    return f"environment {conv.env.name!r} example {conv.example.index}"
 
 
 def _count(conv: Conversation, results: list[ToolResult]) -> None:

@@ -14,6 +14,10 @@ Step rewards (process supervision, for the `Process` advantage): a task that def
 (ascending, 1..len(reply)). The orchestrator maps each end to the completion token that reaches it.
 Tasks without the method report none (Rollout.step_rewards is None).
 
+With two or more reward functions, each one's own score is a metric too, `reward/<function>`
+(env/reward/<function> in metrics.csv, a mean over the step's rollouts like every env/ metric), next to
+the weighted sum that is the reward.
+
 A reward (and a step reward) must be a number, finite, with |reward| <= MAX_ABS_REWARD = 1e6; anything
 else stops the run with an error naming the environment and example. verifiers casts a reward with
 float(), so a str "0.5" or a bool True (a check's result returned instead of its score) would train
@@ -39,6 +43,7 @@ from grpokit.environments.episode_env import load_episode_env
 from grpokit.environments.toolsets import tool_sources
 
 MAX_ABS_REWARD = 1e6
+REWARD_METRIC_PREFIX = "reward/"  # each reward function's score, env/reward/<function> in metrics.csv
 
 
 @dataclass
@@ -101,6 +106,7 @@ class Environment:
         env_id, _, taskset_id = spec.id.rpartition("+")
         taskset = load_taskset(replace(spec, id=taskset_id))
         self.episode_env = load_episode_env(spec, env_id, taskset)  # a vf.Env with its own run, or None
+        refuse_infinite(spec, taskset)
         tasks = list(taskset)
         self.examples = [
             Example(i, prompt_messages(task.data), task, source)
@@ -167,7 +173,7 @@ class Environment:
                     f"{self.spec.id!r}"
                 )
             metrics = {k: float(v) for k, v in (tr.metrics or {}).items() if isinstance(v, (int, float))}
-            out.append((float(reward), metrics))
+            out.append((float(reward), {**metrics, **reward_metrics(tr)}))
         return out
 
     def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
@@ -216,6 +222,30 @@ class UnscoredEnvironment(Environment):
 
     def step_rewards(self, examples: list[Example], replies: list[str]) -> list[list[tuple[int, float]] | None]:
         return [None for _ in replies]
+
+
+def reward_metrics(trace: Any) -> dict[str, float]:
+    """Each reward function's own score (before its weight) as the metric `reward/<function>`, logged as
+    `env/reward/<function>`, when the rubric has two or more: the rollout's reward is their weighted sum,
+    which alone does not show which function moved (with one, the reward column already shows it)."""
+    rewards = {name: r for name, r in (trace.rewards or {}).items() if r is not None}
+    if len(rewards) < 2:
+        return {}
+    return {f"{REWARD_METRIC_PREFIX}{name}": float(r.score) for name, r in rewards.items()}
+
+
+def refuse_infinite(spec: EnvSpec, taskset: Any) -> None:
+    """Refuse a taskset that yields tasks forever (verifiers' `Taskset.INFINITE`, unless a view such as
+    `take(n)` bounds it: `bounded` False), naming data.env and the fix: grpokit lists every example at
+    start, so listing it would never end."""
+    if getattr(taskset, "bounded", True):
+        return
+    raise ValueError(
+        f"data.env id {spec.id!r}: its taskset {type(taskset).__name__} is infinite (INFINITE = True: its load() "
+        "yields tasks forever), and grpokit lists an environment's examples at start; use a finite taskset, e.g. "
+        "a subclass with INFINITE = False whose load() yields a fixed number of tasks "
+        "(itertools.islice(super().load(), n))"
+    )
 
 
 def load_taskset(spec: EnvSpec):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.environments.chat_tokens import ChatTokens
-from grpokit.environments.conversation import Conversation
+from grpokit.environments.conversation import Conversation, over_budget
 from grpokit.environments.environment import make_chat_trace, prompt_messages
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
@@ -123,8 +123,12 @@ class Role:
             self.conv.messages, self.conv.prompt_ids = messages, ids
             self.num_prompt_messages = len(messages)
             return True
+        room = budget - self.conv.num_tokens - limits.max_tokens
+        if over_budget(self.conv, chat, new, room):  # too long to fit, told before rendering: logged, counted
+            self.over = self.conv.is_truncated = True
+            return False
         env_ids = chat.after_completion(self._last_reply, new)
-        if self.conv.num_tokens + len(env_ids) + limits.max_tokens > budget:
+        if len(env_ids) > room:
             self.over = self.conv.is_truncated = True
             return False
         self.conv.add_environment(env_ids, new)

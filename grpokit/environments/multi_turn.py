@@ -9,13 +9,15 @@ through RemoteEngine, vLLM) serves multi-turn rollouts unchanged. This module ho
 
 The budget: a turn starts only if the conversation plus `max_tokens` fits `seq_len` (and the engine's
 context); otherwise the rollout ends at the turn boundary before it, marked truncated, so the trained
-sequence holds whole turns. A turn that hits max_tokens without a stop ends the rollout, truncated.
+sequence holds whole turns. An environment turn too long to fit is told from its characters before it
+is rendered (grpokit.environments.conversation.over_budget: logged, counted in env/oversized_turns). A
+turn that hits max_tokens without a stop ends the rollout, truncated.
 """
 
 from __future__ import annotations
 
 from grpokit.environments.chat_tokens import ChatTokens
-from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite
+from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite, over_budget
 from grpokit.types import Rollout
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
@@ -34,8 +36,12 @@ def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budge
     if answer.done or last:
         conv.done = True
         return
+    room = budget - conv.num_tokens - max_tokens
+    if over_budget(conv, chat, answer.messages, room):  # too long to fit, told before rendering it: logged
+        conv.done = conv.is_truncated = True
+        return
     env_ids = chat.after_completion(completion.token_ids, answer.messages)
-    if conv.num_tokens + len(env_ids) + max_tokens > budget:  # the next turn might not fit: end at this boundary
+    if len(env_ids) > room:  # the next turn might not fit: end at this boundary
         conv.done = conv.is_truncated = True
         return
     conv.add_environment(env_ids, answer.messages)

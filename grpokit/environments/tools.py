@@ -12,9 +12,17 @@ or a JSON list of such objects in one block (SmolLM2's function-calling format).
 Tool schemas for templates that list tools in the prompt come from the function's signature and
 docstring through transformers' `get_json_schema` (Google-style "Args:" docstrings).
 
-Timeouts run the tool in a worker thread and stop waiting after `timeout` seconds; Python cannot kill a
-thread, so a tool that never returns keeps a worker busy (the pool has `max_workers` of them). Tools
-that may hang for good should bound themselves (a subprocess with its own timeout).
+Timeouts run the tool in a worker thread (grpokit.environments.workers) and stop waiting after `timeout`
+seconds. Python cannot kill a thread, so a tool that never returns keeps its thread; the workers are
+daemons (the process still exits after the run's last step) and a call given up on frees its place in
+the pool, so hung calls never starve healthy ones. Each timed-out call counts in `env/tool_timeouts`, and
+a WARNING names the tool at its first timeout and every TIMEOUT_WARN_EVERY-th after, with the threads
+still stuck. Tools that may hang for good should bound themselves (a subprocess with its own timeout).
+
+A result that JSON cannot encode (tuple or NumPy keys, a circular object, an int of over 4,300 digits)
+is an error message naming the tool, counted in `tool_errors`, and a WARNING once per tool (the tool's
+author must fix it, the model cannot). A call nested deeper than the JSON parser recurses is a malformed
+call, as is any block that is not JSON.
 
 An `async def` tool runs as a task on one event loop per process (`tool_loop`, a daemon thread), where
 a timeout cancels it; it must not block that loop (no `time.sleep`, no blocking I/O).
@@ -26,15 +34,23 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
+import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.environments.workers import POOL
+
+log = logging.getLogger(__name__)
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpokit-tool")
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut here so one call cannot fill the sequence budget
+TIMEOUT_WARN_EVERY = 100  # a tool's timeouts are logged at the first and every this many after
+_TIMEOUTS: Counter = Counter()  # timed-out calls per tool name, this process
+_UNENCODABLE: set[str] = set()  # tools whose result JSON could not encode (warned once each)
+_COUNT_LOCK = threading.Lock()
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
 
@@ -67,6 +83,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         except json.JSONDecodeError as e:
             calls.append(ToolCall(name="", error=f"the tool call is not valid JSON ({e.msg} at {e.pos})"))
             continue
+        except RecursionError:  # brackets nested past the parser's recursion limit: the model's text, not ours
+            calls.append(ToolCall(name="", error="the tool call's JSON nests too deeply"))
+            continue
         # a JSON list of calls in one block is SmolLM2's (and APIGen's) variant of the syntax
         calls += [_call(item) for item in data] if isinstance(data, list) else [_call(data)]
     return calls
@@ -79,17 +98,21 @@ def _call(data) -> ToolCall:
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     if not isinstance(arguments, dict):
         return ToolCall(name=data["name"], error="the tool call's arguments must be a JSON object")
     return ToolCall(name=data["name"], arguments=arguments)
 
 
-def run_tool_calls(tools: dict[str, Callable[..., Any]], calls: list[ToolCall], timeout: float) -> list[ToolResult]:
-    """Run each call (concurrently, each with `timeout` seconds) and return its result message text."""
+def run_tool_calls(
+    tools: dict[str, Callable[..., Any]], calls: list[ToolCall], timeout: float, where: str = ""
+) -> list[ToolResult]:
+    """Run each call (concurrently, each with `timeout` seconds) and return its result message text.
+    `where` (e.g. "environment 'calc' example 3") goes into the warnings a timeout or a result JSON
+    cannot encode logs."""
     futures = [_submit(tools[c.name], c.arguments) if _callable(tools, c) else None for c in calls]
-    return [_result(tools, call, future, timeout) for call, future in zip(calls, futures)]
+    return [_result(tools, call, future, timeout, where) for call, future in zip(calls, futures)]
 
 
 def tool_loop() -> asyncio.AbstractEventLoop:
@@ -118,7 +141,7 @@ def _submit(fn: Callable[..., Any], arguments: dict[str, Any]) -> concurrent.fut
     """A call's future: an async tool as a task on the tool loop, any other in the thread pool."""
     if inspect.iscoroutinefunction(fn):
         return asyncio.run_coroutine_threadsafe(_awaited(fn, arguments), tool_loop())
-    return _POOL.submit(fn, **arguments)
+    return POOL.submit(fn, **arguments)
 
 
 async def _awaited(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
@@ -129,7 +152,10 @@ def _callable(tools: dict[str, Callable[..., Any]], call: ToolCall) -> bool:
     return call.error is None and call.name in tools
 
 
-def _result(tools, call: ToolCall, future, timeout: float) -> ToolResult:
+def _result(tools, call: ToolCall, future, timeout: float, where: str) -> ToolResult:
+    """One call's result message: the tool's answer (JSON for anything but a str, cut at MAX_RESULT_CHARS),
+    or an error the model reads (a malformed call, an unknown tool, a raise, a timeout, an answer JSON
+    cannot encode): nothing a tool does may end the run."""
     if call.error is not None:
         return ToolResult(call, f"Error: {call.error}", "error")
     if future is None:
@@ -138,11 +164,59 @@ def _result(tools, call: ToolCall, future, timeout: float) -> ToolResult:
         value = future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
         future.cancel()  # cancels an async tool's task; a thread already running cannot be stopped
+        POOL.abandon(future)  # its worker's place goes to the next call
+        _warn_timeout(call.name, timeout, where)
         return ToolResult(call, f"Error: the tool {call.name!r} took longer than {timeout:g} s", "timeout")
     except Exception as e:  # the model sees the tool's error and may try again; the run goes on
-        return ToolResult(call, f"Error: {type(e).__name__}: {e}"[:MAX_RESULT_CHARS], "error")
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return ToolResult(call, f"Error: {_error_text(e)}"[:MAX_RESULT_CHARS], "error")
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except Exception as e:  # TypeError (tuple keys), ValueError (a cycle, a huge int), RecursionError
+        _warn_unencodable(call.name, e, where)
+        kind = type(value).__name__
+        message = f"Error: the tool {call.name!r} returned a {kind} that JSON cannot encode ({_error_text(e)})"
+        return ToolResult(call, message[:MAX_RESULT_CHARS], "error")
     return ToolResult(call, text[:MAX_RESULT_CHARS], "ok")
+
+
+def _error_text(e: BaseException) -> str:
+    """`Type: message` of an error, even one whose str() raises."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:
+        return type(e).__name__
+
+
+def _warn_timeout(name: str, timeout: float, where: str) -> None:
+    """Count the tool's timeout; log a WARNING at its first and every TIMEOUT_WARN_EVERY-th after."""
+    with _COUNT_LOCK:
+        _TIMEOUTS[name] += 1
+        count = _TIMEOUTS[name]
+    if count == 1 or count % TIMEOUT_WARN_EVERY == 0:
+        log.warning(
+            "tool %r took longer than %g s%s: %d timed-out call(s) of it so far (env/tool_timeouts counts them); "
+            "%d thread(s) still run calls that never returned; bound the tool or raise the task's tool_timeout",
+            name,
+            timeout,
+            f" ({where})" if where else "",
+            count,
+            POOL.stuck,
+        )
+
+
+def _warn_unencodable(name: str, error: Exception, where: str) -> None:
+    """Log, once per tool, that its result could not be encoded: its author's fix, not the model's."""
+    with _COUNT_LOCK:
+        first = name not in _UNENCODABLE
+        _UNENCODABLE.add(name)
+    if first:
+        log.warning(
+            "tool %r returned a value JSON cannot encode%s (%s); the model gets an error message (counted in "
+            "env/tool_errors); return a str, or JSON-encodable data with str keys",
+            name,
+            f" ({where})" if where else "",
+            _error_text(error)[:200],
+        )
 
 
 def tool_schemas(tools: dict[str, Callable[..., Any]]) -> list[dict[str, Any]]:

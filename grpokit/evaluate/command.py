@@ -142,15 +142,16 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
     if run_dir:
         check_same_model(run_dir, cli.model.base_model, cli.model.init_from)
     data, engine = cli.datamodule, cli.config_init["inference"]
-    settings = eval_settings(data.eval_settings, options, data.sampling.temperature)
+    settings = eval_settings(data.settings.eval_settings, options, data.settings.sampling.temperature)
     if run_dir and options.base and samples_served_weights(engine):
         raise ValueError(
             "--base with --ckpt needs an engine that loads weights itself: a server engine serves the weights "
             "its server loaded; evaluate each in a command of its own"
         )
     tokenizer = start_engine(engine, FilesystemBroadcast(), cli.model, run_dir or cli.run.run_dir, data)
-    turns = TurnLimits(data.max_turns, data.seq_len)  # as the rollout loop's
-    evaluator = Evaluator(settings, problem_envs(data, tokenizer, options), data.sampling, cli.run.run_dir, turns=turns)
+    turns = TurnLimits(data.settings.max_turns, data.settings.seq_len)  # as the rollout loop's
+    envs = problem_envs(data, tokenizer, options)
+    evaluator = Evaluator(settings, envs, data.settings.sampling, cli.run.run_dir, turns=turns)
     startup.started = True
     models, problems, values = {}, {}, {}
     plan = [("base", None)] * options.base + ([(f"step_{step}", step)] if run_dir else [])
@@ -172,8 +173,8 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
 def problem_envs(data, tokenizer, options: EvalOptions) -> list:
     """The environments of --split (data.eval.env, else the training ones; or data.env), loaded once;
     more problems asked for than they hold is an error (the seeded order would repeat problems)."""
-    training, held_out = data.prepare(tokenizer)
-    envs = training if options.split == "train" else held_out or training
+    inputs = data.prepare(tokenizer)
+    envs = inputs.training if options.split == "train" else inputs.evaluation or inputs.training
     if options.num_examples > (available := sum(len(env.examples) for env in envs)):
         raise ValueError(
             f"--num_examples {options.num_examples}: the {options.split} split has {available} problems; "

@@ -1,9 +1,10 @@
 """Orchestrator: the LightningDataModule of the recipe's `data` section, and the trainer's batch stream.
 
-It holds and checks the rollout settings (the recipe keys `data.*`) and is the trainer's side: its
-dataloader receives one TrainingBatch per step from the transport. The producer is a RolloutLoop
-(grpokit.orchestrator.loop), made by connect(): in `grpokit fit` it runs in a background thread
-(start()), in `grpokit orchestrate` in its own process.
+Its keys (the recipe's `data.*`) become RolloutSettings (grpokit.orchestrator.settings: plain data,
+checked when built), held as `settings`; the DataModule itself is the trainer's side: its dataloader
+receives one TrainingBatch per step from the transport. The producer is a RolloutLoop
+(grpokit.orchestrator.loop), made from the settings by connect(): in `grpokit fit` it runs in a
+background thread (start()), in `grpokit orchestrate` in its own process.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -21,19 +21,19 @@ from grpokit.advantage import Advantage
 from grpokit.broadcast import WeightBroadcast
 from grpokit.common.collectives import rank_and_world
 from grpokit.common.errors import RunDataError
-from grpokit.common.waits import WaitNotice, check_seconds
-from grpokit.environments.environment import Environment, EnvSpec, check_unique_names
+from grpokit.common.run_context import RunContext
+from grpokit.common.waits import WaitNotice
+from grpokit.environments.environment import EnvSpec
 from grpokit.filter import Filter
 from grpokit.inference import InferenceEngine, SamplingSettings
-from grpokit.orchestrator.batching import check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings
-from grpokit.orchestrator.experts import DatasetExperts, ExpertSettings, ReferenceExperts, expert_source
+from grpokit.orchestrator.experts import ExpertSettings
 from grpokit.orchestrator.kl_reward import KLInRewardSettings
 from grpokit.orchestrator.loop import RolloutLoop
 from grpokit.orchestrator.schedules import TemperatureSchedule
+from grpokit.orchestrator.settings import RolloutInputs, RolloutSettings, load_inputs
 from grpokit.orchestrator.streaming import StreamingSettings
-from grpokit.registry.advantages.group_norm import GroupNorm
 from grpokit.transport import Transport, checked_step, share_batch
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import TrainingBatch
@@ -135,113 +135,82 @@ class Orchestrator(L.LightningDataModule):
                 the unfinished rollouts). null = whole-batch generation.
         """
         super().__init__()
-        self.shape = resolve_batch_shape(
-            batch_size,
-            rollouts_per_example,
-            generation_batch_size,
-            steps_per_generation,
-            num_generations,
-            num_iterations,
+        self.settings = RolloutSettings.from_recipe(
+            env=env,
+            batch_size=batch_size,
+            rollouts_per_example=rollouts_per_example,
+            advantage=advantage,
+            filters=filters,
+            sampling=sampling,
+            seed=seed,
+            buffer=buffer,
+            eval=eval,
+            generation_batch_size=generation_batch_size,
+            steps_per_generation=steps_per_generation,
+            num_generations=num_generations,
+            num_iterations=num_iterations,
+            temp_scheduler=temp_scheduler,
+            seq_len=seq_len,
+            max_prompt_tokens=max_prompt_tokens,
+            packing=packing,
+            max_async_level=max_async_level,
+            deterministic=deterministic,
+            max_off_policy_steps=max_off_policy_steps,
+            num_logged_samples=num_logged_samples,
+            timeout=timeout,
+            weights_timeout=weights_timeout,
+            expert=expert,
+            kl_in_reward=kl_in_reward,
+            max_turns=max_turns,
+            streaming=streaming,
         )
-        batch_size, rollouts_per_example = self.shape.batch_size, self.shape.rollouts_per_example
-        if max_async_level < 0:
-            raise ValueError(f"data.max_async_level must be >= 0, got {max_async_level}")
-        if max_off_policy_steps < max_async_level:
-            raise ValueError(
-                f"data.max_off_policy_steps ({max_off_policy_steps}) must be >= "
-                f"data.max_async_level ({max_async_level}): every batch may be that stale"
-            )
-        if advantage is None:
-            advantage = GroupNorm()
-        check_group_size(advantage, rollouts_per_example)
-        if kl_in_reward is not None and not advantage.uses_outcome_reward:
-            raise ValueError(
-                f"data.kl_in_reward shapes each rollout's reward, which data.advantage {type(advantage).__name__} "
-                "does not read (it uses step rewards only): set data.kl_in_reward: null or another data.advantage"
-            )
-        if transport is None:
-            transport = FilesystemTransport()
-        self.env_specs = env or [EnvSpec(id="reverse-text")]
-        check_unique_names(self.env_specs, "data.env")
-        if eval is not None and eval.env is not None:
-            check_unique_names(eval.env, "data.eval.env")
-        if num_logged_samples < 0:
-            raise ValueError(f"data.num_logged_samples must be >= 0 (0 logs none), got {num_logged_samples}")
-        self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
-        self.advantage, self.filters, self.transport = advantage, list(filters or []), transport
-        seed = 0 if seed is None else seed  # the CLI fills null from seed_everything; 0 when built directly
-        self.sampling = sampling or SamplingSettings()
-        if self.sampling.seed is None:
-            self.sampling = replace(self.sampling, seed=seed)
-        if temp_scheduler is not None and self.sampling.temperature is not None:
-            raise ValueError(
-                "set either data.sampling.temperature or data.temp_scheduler, "
-                "not both (the schedule sets the temperature of each step)"
-            )
-        self.temp_scheduler = temp_scheduler
-        if streaming is not None and temp_scheduler is not None:
-            raise ValueError(
-                "data.streaming and data.temp_scheduler cannot be combined (a stream samples at one "
-                "temperature); set one of them to null"
-            )
-        self.streaming = streaming
-        self.seq_len, self.max_async_level, self.seed = seq_len, max_async_level, seed
-        self.deterministic = deterministic
-        self.packing, self.max_prompt_tokens = packing, max_prompt_tokens
-        self.max_off_policy_steps = max_off_policy_steps
-        self.num_logged_samples, self.timeout, self.weights_timeout = num_logged_samples, timeout, weights_timeout
-        check_seconds("data.timeout", timeout)
-        check_seconds("data.weights_timeout", weights_timeout, none_ok=True)
-        self.buffer = buffer or BufferSettings()
-        self.eval_settings = eval
-        self.expert, self.kl_in_reward = expert, kl_in_reward
-        if max_turns < 1:
-            raise ValueError(f"data.max_turns must be >= 1 (assistant turns per rollout), got {max_turns}")
-        self.max_turns = max_turns
+        self.transport = FilesystemTransport() if transport is None else transport
         self.loop: RolloutLoop | None = None  # the producer, once connect() gives it an engine
-        self.environments: tuple[list[Environment], list[Environment] | None] | None = None  # prepare()
-        self.experts: ReferenceExperts | DatasetExperts | None = None  # prepare(), with data.expert
+        self.inputs: RolloutInputs | None = None  # prepare()
         self.run_dir: Path | None = None  # connect_trainer sets these three
         self.max_steps, self.start_step = 0, 0
         self._thread: threading.Thread | None = None  # the loop's thread in co-locate mode
         self._error: BaseException | None = None  # what ended that thread, for receive()
+        self.stop_requested = lambda: False  # StopOnInterrupt: a signal asks `grpokit train` to stop waiting
 
     # ---- wiring (done by the CLI) -------------------------------------------------------------------
-    def prepare(self, tokenizer) -> tuple[list[Environment], list[Environment] | None]:
-        """Load the training and eval environments, data.expert's source (an SFT dataset read and
-        rendered) and give the filters the policy's tokenizer, once: the roles that sample call it before
-        the engine loads the model, so a bad dataset or filter setting stops the start in seconds, as one
-        line naming it. Returns (training, eval or None)."""
-        if self.environments is None:
-            training = [Environment(spec) for spec in self.env_specs]
-            evaluation = None
-            if self.eval_settings is not None and self.eval_settings.env:
-                evaluation = [Environment(spec) for spec in self.eval_settings.env]
-            for f in self.filters:
-                f.connect(tokenizer)
-            if self.expert is not None:
-                self.experts = expert_source(self.expert, training, tokenizer, self.seq_len, self.seed)
-            self.environments = (training, evaluation)
-        return self.environments
+    def prepare(self, tokenizer) -> RolloutInputs:
+        """The environments, data.expert's source and the filters, loaded with the policy's tokenizer
+        (grpokit.orchestrator.settings.load_inputs) once: the roles that sample call it before the engine
+        loads the model, so a bad dataset or filter setting stops the start in seconds; connect() and
+        `grpokit eval` reuse what it loaded."""
+        if self.inputs is None:
+            self.inputs = load_inputs(self.settings, tokenizer)
+        return self.inputs
 
     def connect(
         self,
         engine: InferenceEngine,
         broadcast: WeightBroadcast,
         tokenizer,
-        run_dir: Path,
+        run: RunContext,
         max_steps: int,
-        start_step: int = 0,
-        restore_buffer: bool = True,
+        *,
         trainer_shares_prefixes: bool = False,
         reference_model: str | None = None,
     ) -> RolloutLoop:
-        """Both sides: the trainer's (connect_trainer) and the rollout loop, given its engine, broadcast,
-        tokenizer, run folder and the policy's model name (grpokit.orchestrator.loop.RolloutLoop has the
-        details)."""
-        self.connect_trainer(run_dir, max_steps, start_step)
-        run = (self.run_dir, max_steps, start_step, restore_buffer, trainer_shares_prefixes, reference_model)
-        self.loop = RolloutLoop(self, engine, broadcast, tokenizer, *run)
+        """Both sides: the trainer's (connect_trainer) and the rollout loop, which samples by
+        `self.settings` from what prepare() loaded, given its engine, broadcast, tokenizer, the run (its
+        folder, the step it starts at, whether to restore the easy/hard pools) and the policy's model name
+        (grpokit.orchestrator.loop.RolloutLoop has the details)."""
+        self.connect_trainer(run.run_dir, max_steps, run.start_step)
+        self.loop = RolloutLoop(
+            self.settings,
+            self.prepare(tokenizer),
+            engine,
+            broadcast,
+            tokenizer,
+            self.transport,
+            run,
+            max_steps,
+            trainer_shares_prefixes=trainer_shares_prefixes,
+            reference_model=reference_model,
+        )
         self.max_steps = self.loop.max_steps  # trainer.max_steps -1: the loop's count of one pass
         return self.loop
 
@@ -294,9 +263,10 @@ class Orchestrator(L.LightningDataModule):
     def train_dataloader(self):
         return BatchStream(self)
 
-    def receive(self, step: int) -> TrainingBatch:
-        """The batch for `step`, failing fast if the rollout thread died."""
-        deadline = time.monotonic() + self.timeout
+    def receive(self, step: int) -> TrainingBatch | None:
+        """The batch for `step`, failing fast if the rollout thread died; None once `stop_requested` in
+        `grpokit train` (SIGTERM, Ctrl-C: another process's batch may never come)."""
+        deadline = time.monotonic() + self.settings.timeout
         source = type(self.transport).__name__
         notice = WaitNotice(f"waiting for the batch of step {step} from `grpokit orchestrate` ({source})")
         while True:
@@ -307,9 +277,11 @@ class Orchestrator(L.LightningDataModule):
             except TimeoutError as e:
                 if self._thread is None:  # `grpokit train`: the orchestrator is another process
                     notice.tick()
+                    if self.stop_requested():
+                        return None
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"no batch for step {step} after {self.timeout:.0f}s (data.timeout): "
+                        f"no batch for step {step} after {self.settings.timeout:.0f}s (data.timeout): "
                         "the orchestrator (`grpokit orchestrate`, or the rollout thread of "
                         f"`grpokit fit`) sent none. The transport says: {e}"
                     ) from None

@@ -57,10 +57,10 @@ class RolloutDriver:
 
     def __init__(self, loop: RolloutLoop, streaming: StreamingSettings | None) -> None:
         self.loop, self.streaming = loop, streaming
-        config = loop.config
-        self.group_size = config.rollouts_per_example
+        settings = loop.settings
+        self.group_size = settings.rollouts_per_example
         self.needed = loop.shape.prompts_per_step * loop.shape.steps_per_generation
-        self.budget = min(config.seq_len, loop.engine.context_length() or config.seq_len)
+        self.budget = min(settings.seq_len, loop.engine.context_length() or settings.seq_len)
         self.max_inflight = streaming.max_inflight if streaming is not None else loop.prompts_per_block()
         self.play: GroupPlay | None = None
         self.temperature: float | None = None  # the open stream's
@@ -100,8 +100,8 @@ class RolloutDriver:
         groups pass buffer.keep or the rounds are used up (as many as a generation reserves)."""
         loop = self.loop
         generated, kept, too_long = [], [], 0
-        for round_ in range(loop.config.buffer.rounds):
-            block, skipped = self._block(generation * loop.config.buffer.rounds + round_)
+        for round_ in range(loop.settings.buffer.rounds):
+            block, skipped = self._block(generation * loop.settings.buffer.rounds + round_)
             too_long += skipped
             for pending in block:
                 self._submit(pending)
@@ -151,7 +151,7 @@ class RolloutDriver:
                 schedule.wait(step, loop.stopping, loop.announce, self.load)
             while not self.prompts:
                 if self.next_block is None:
-                    self.next_block = self.generation * loop.config.buffer.rounds
+                    self.next_block = self.generation * loop.settings.buffer.rounds
                 block, skipped = self._block(self.next_block)
                 self.next_block, self.too_long = self.next_block + 1, self.too_long + skipped
                 self.prompts.extend(block)
@@ -176,7 +176,7 @@ class RolloutDriver:
 
     def _finish_all(self, completed: list[tuple[PendingGroup, list[Rollout]]]) -> None:
         """Completed groups: the pools, dynamic sampling (buffer.keep), the timeline."""
-        loop, keep = self.loop, self.loop.config.buffer.keep
+        loop, keep = self.loop, self.loop.settings.buffer.keep
         for p, rollouts in completed:
             rewards = [r.reward for r in rollouts]
             if loop.pools is not None:
@@ -199,8 +199,8 @@ class RolloutDriver:
         if self.play is not None and self.temperature == temperature:
             return
         self.close()
-        loop, config = self.loop, self.loop.config
-        sampling = replace(config.sampling, temperature=temperature)
+        loop = self.loop
+        sampling = replace(loop.settings.sampling, temperature=temperature)
         rows = self.max_inflight * self.group_size
         if self.streaming is None:
             stream = whole_batch_stream(loop.engine, sampling, rows, self.budget)  # a row holds the budget

@@ -16,11 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.run_context import RunContext
 from grpokit.common.timeline import record_timeline
 from grpokit.environments.environment import UnscoredEnvironment
 from grpokit.filter import flag_all
@@ -33,12 +33,11 @@ from grpokit.orchestrator.pools import DifficultyPools, hash_key
 from grpokit.orchestrator.prompt_length import prompt_token_limit
 from grpokit.orchestrator.prompts import PromptSampler
 from grpokit.orchestrator.rollouts import TurnLimits
+from grpokit.orchestrator.settings import RolloutInputs, RolloutSettings
 from grpokit.orchestrator.stats import batch_metrics
 from grpokit.orchestrator.weights import WeightSchedule
+from grpokit.transport import Transport
 from grpokit.types import Rollout, TrainingBatch
-
-if TYPE_CHECKING:
-    from grpokit.orchestrator.datamodule import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -57,96 +56,99 @@ class Generation:
 
 
 class RolloutLoop:
-    """Produces the TrainingBatch of every step from `config` (the recipe's `data` section: an
-    Orchestrator), an engine, the weight broadcast and the policy's tokenizer.
+    """Produces the TrainingBatch of every step by `settings` (the recipe's `data` section) from `inputs`
+    (the environments and experts the settings name, loaded: grpokit.orchestrator.settings.load_inputs),
+    an engine, the weight broadcast, the policy's tokenizer and the transport it sends the batches by.
 
-    The easy/hard pools are restored as they were when the batch of start_step was sampled, or start
-    empty with restore_buffer=False (ckpt.skip_buffer). `trainer_shares_prefixes`: the trainer in this
-    process runs each shared prefix once (data.packing auto then packs by prefix-tree nodes).
-    `reference_model`: the policy's initial model (`model.model`), which data.kl_in_reward scores against.
+    `run`: the run folder, and the step it starts at (start_step). The easy/hard pools are restored as
+    they were when the batch of start_step was sampled, or start empty with run.restore_buffer False
+    (ckpt.skip_buffer). `trainer_shares_prefixes`: the trainer in this process runs each shared prefix
+    once (data.packing auto then packs by prefix-tree nodes). `reference_model`: the policy's initial
+    model (`model.model`), which data.kl_in_reward scores against.
     """
 
     def __init__(
         self,
-        config: Orchestrator,
+        settings: RolloutSettings,
+        inputs: RolloutInputs,
         engine: InferenceEngine,
         broadcast: WeightBroadcast,
         tokenizer,
-        run_dir: Path,
+        transport: Transport,
+        run: RunContext,
         max_steps: int,
-        start_step: int = 0,
-        restore_buffer: bool = True,
+        *,
         trainer_shares_prefixes: bool = False,
         reference_model: str | None = None,
     ) -> None:
-        self.config, self.shape = config, config.shape
-        self.engine, self.broadcast, self.tokenizer = engine, broadcast, tokenizer
-        self.run_dir, self.max_steps, self.start_step = Path(run_dir), max_steps, start_step
-        self.turns = TurnLimits(config.max_turns, config.seq_len)  # how long a multi-turn rollout may grow
-        self.pack_trees = config.packing == "prefix_tree" or (config.packing == "auto" and trainer_shares_prefixes)
+        self.settings, self.shape, self.inputs = settings, settings.shape, inputs
+        self.engine, self.broadcast, self.tokenizer, self.transport = engine, broadcast, tokenizer, transport
+        self.run_dir, self.max_steps, self.start_step = Path(run.run_dir), max_steps, run.start_step
+        self.turns = TurnLimits(settings.max_turns, settings.seq_len)  # how long a multi-turn rollout may grow
+        self.pack_trees = settings.packing == "prefix_tree" or (settings.packing == "auto" and trainer_shares_prefixes)
         self.schedule = WeightSchedule(
             engine,
             broadcast,
-            config.max_async_level,
+            settings.max_async_level,
             self.shape.steps_per_rollout_generation,
-            config.deterministic,
-            config.weights_timeout or config.timeout,
-            "data.weights_timeout" if config.weights_timeout else "data.timeout",
+            settings.deterministic,
+            settings.weights_timeout or settings.timeout,
+            "data.weights_timeout" if settings.weights_timeout else "data.timeout",
         )
         if hasattr(engine, "pin_weights"):  # RemoteEngine: a whole-batch request asks for at most the step held
-            engine.pin_weights = config.deterministic and config.streaming is None
-        scored, eval_envs = config.prepare(tokenizer)
-        self.envs = [UnscoredEnvironment(env) for env in scored] if config.buffer.skip_verification else scored
-        self.pools = self._restored_pools(restore_buffer)
+            engine.pin_weights = settings.deterministic and settings.streaming is None
+        scored = inputs.training
+        self.envs = [UnscoredEnvironment(env) for env in scored] if settings.buffer.skip_verification else scored
+        self.pools = self._restored_pools(run.restore_buffer)
         self.prompts = self._prompt_sampler()
         if max_steps == -1:  # trainer.max_steps -1: one pass over the data
             self.max_steps = self.one_pass_steps()
         self.prompt_limit = prompt_token_limit(
-            config.sampling.max_tokens, config.seq_len, engine.context_length(), config.max_prompt_tokens
+            settings.sampling.max_tokens, settings.seq_len, engine.context_length(), settings.max_prompt_tokens
         )
         self.evaluator = None
-        if config.eval_settings:
+        if settings.eval_settings:
             self.evaluator = Evaluator(
-                config.eval_settings,
-                eval_envs or scored,
-                config.sampling,
+                settings.eval_settings,
+                inputs.evaluation or scored,
+                settings.sampling,
                 self.run_dir,
-                start_step,
+                self.start_step,
                 self.turns,
             )
         self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
-        if config.kl_in_reward is not None:
-            scorer = ReferenceScorer(reference_model, row_tokens=config.seq_len)
-            self.kl_reward = KLInReward(config.kl_in_reward, scorer)
+        if settings.kl_in_reward is not None:
+            scorer = ReferenceScorer(reference_model, row_tokens=settings.seq_len)
+            self.kl_reward = KLInReward(settings.kl_in_reward, scorer)
         self.stopping = threading.Event()  # set by the trainer's side to end the loop
         self.announce = False  # `grpokit orchestrate`: log each batch sent and a long wait for weights
         self.generation: Generation | None = None  # the newest generation sampled
-        self.driver = RolloutDriver(self, config.streaming)  # whole-batch or streamed: the one producer
+        self.driver = RolloutDriver(self, settings.streaming)  # whole-batch or streamed: the one producer
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
-        config = self.config
-        if not config.buffer.uses_pools:
+        settings = self.settings
+        if not settings.buffer.uses_pools:
             return None
-        pools = DifficultyPools(config.buffer, self.run_dir / "buffer.jsonl", config.seed)
+        pools = DifficultyPools(settings.buffer, self.run_dir / "buffer.jsonl", settings.seed)
         returned = pools.resume(self.shape.locate(self.start_step)[0], restore_buffer)
         log.info("easy/hard pools restored: %s (returned to sampling: %s)", pools.sizes(), returned)
         return pools
 
     def _prompt_sampler(self) -> PromptSampler:
-        config = self.config
-        ratios = [spec.ratio for spec in config.env_specs]
+        settings = self.settings
+        ratios = [spec.ratio for spec in settings.env_specs]
         if any(r is not None for r in ratios) and any(r is None for r in ratios):
             raise ValueError("data.env: set ratio on every environment or on none")
-        pools, rounds = self.pools, config.buffer.rounds
+        pools, rounds = self.pools, settings.buffer.rounds
         excluded = (lambda block: pools.excluded(block // rounds)) if pools is not None else None
-        key = hash_key(config.buffer.hash_keys) if config.buffer.hash_keys else None
+        key = hash_key(settings.buffer.hash_keys) if settings.buffer.hash_keys else None
         ratios = None if ratios[0] is None else ratios
-        return PromptSampler(self.envs, config.seed, ratios=ratios, key=key, excluded=excluded)
+        return PromptSampler(self.envs, settings.seed, ratios=ratios, key=key, excluded=excluded)
 
     def one_pass_steps(self) -> int:
         """The optimizer steps in which the prompt order draws every example once (trainer.max_steps -1).
         A generation reserves `buffer.rounds` blocks (its resampling rounds), used or not."""
-        generations = max(1, self.prompts.blocks_per_pass(self.prompts_per_block()) // self.config.buffer.rounds)
+        generations = max(1, self.prompts.blocks_per_pass(self.prompts_per_block()) // self.settings.buffer.rounds)
         return generations * self.shape.steps_per_rollout_generation
 
     def run(self, first_step: int | None = None) -> None:
@@ -157,7 +159,7 @@ class RolloutLoop:
                 if self.stopping.is_set():
                     return
                 batch = self.make_batch(step)
-                self.config.transport.send(batch)
+                self.transport.send(batch)
                 if self.announce:
                     m = batch.metrics
                     log.info(
@@ -177,14 +179,14 @@ class RolloutLoop:
         wall_start = time.time()
         per_step = self.shape.prompts_per_step
         chunk_groups = gen.kept[chunk * per_step : (chunk + 1) * per_step]
-        groups = [g for g in chunk_groups if step - min(r.policy_step for r in g) <= self.config.max_off_policy_steps]
+        groups = [g for g in chunk_groups if step - min(r.policy_step for r in g) <= self.settings.max_off_policy_steps]
         # what the metrics describe: the step's chunk when a generation feeds several steps
         generated = chunk_groups if self.shape.steps_per_generation > 1 and chunk_groups else gen.generated
         rollouts = [r for g in groups for r in g]
         all_rollouts = [r for g in generated for r in g] or rollouts
         check_not_from_the_future(step, all_rollouts)
         fresh = chunk == 0 and step % self.shape.steps_per_rollout_generation == 0
-        flags = flag_all(self.config.filters, rollouts)
+        flags = flag_all(self.settings.filters, rollouts)
         metrics = batch_metrics(step, all_rollouts, rewards_of(generated), flags)
         metrics.update(self.pools.sizes() if self.pools is not None else {})
         metrics.update(
@@ -196,7 +198,7 @@ class RolloutLoop:
             dropped_off_policy_groups=float(len(chunk_groups) - len(groups)),
             **(gen.eval_metrics if fresh else {}),
         )
-        if self.config.streaming is not None:  # rollouts whose tokens came from more than one weight step
+        if self.settings.streaming is not None:  # rollouts whose tokens came from more than one weight step
             metrics["mixed_weight_rollouts"] = sum(r.token_steps is not None for r in all_rollouts) / len(all_rollouts)
         self._log_samples(step, all_rollouts)
         temperature = self.temperature(index) or 1.0
@@ -210,7 +212,7 @@ class RolloutLoop:
         """Generation `index`, sampled once (after waiting for fresh enough weights) and reused by each
         step it feeds (steps_per_generation, num_iterations)."""
         if self.generation is None or self.generation.index != index:
-            if self.config.streaming is None:  # a stream keeps decoding while it waits (its groups wait instead)
+            if self.settings.streaming is None:  # a stream keeps decoding while it waits (its groups wait instead)
                 self.wait_for_weights(self.schedule.needed(index))
             eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
             start = time.perf_counter()
@@ -223,43 +225,43 @@ class RolloutLoop:
         completions (data.expert); records expert_seqs, expert_tokens and packing_efficiency in `metrics`.
         With data.kl_in_reward the advantages are of the shaped rewards (grpokit.orchestrator.kl_reward),
         everything else of the env's."""
-        config = self.config
+        settings = self.settings
         shaped = groups
         if self.kl_reward is not None:
             shaped, kl_metrics = self.kl_reward.shape(groups, temperature)
             metrics.update(kl_metrics)
-        advantages = config.advantage.token_advantages(shaped)
-        enforced = [name for name, f in zip(flags, config.filters) if f.enforce]  # flags: in filter order
+        advantages = settings.advantage.token_advantages(shaped)
+        enforced = [name for name, f in zip(flags, settings.filters) if f.enforce]  # flags: in filter order
         trainable = [not any(flags[name][i] for name in enforced) for i in range(len(rollouts))]
-        experts = config.experts.rollouts(step, groups) if config.experts is not None else []
+        experts = self.inputs.experts.rollouts(step, groups) if self.inputs.experts is not None else []
         metrics["expert_seqs"] = float(len(experts))
         metrics["expert_tokens"] = float(sum(sum(r.completion_mask) for r in experts))
         micro_batches = pack(
             rollouts + experts,
             advantages + [[0.0] * len(r.completion_ids) for r in experts],
             trainable + [True] * len(experts),
-            config.seq_len,
+            settings.seq_len,
             prefix_tree=self.pack_trees,
         )
         positions = sum(num_positions(mb, self.pack_trees) for mb in micro_batches)
-        metrics["packing_efficiency"] = positions / max(len(micro_batches) * config.seq_len, 1)
+        metrics["packing_efficiency"] = positions / max(len(micro_batches) * settings.seq_len, 1)
         return micro_batches
 
     def prompts_per_block(self) -> int:
         """Prompts a block of the prompt order holds: a generation's prompts, times buffer.oversampling_factor."""
         num_prompts = self.shape.prompts_per_step * self.shape.steps_per_generation
-        return math.ceil(num_prompts * self.config.buffer.oversampling_factor)
+        return math.ceil(num_prompts * self.settings.buffer.oversampling_factor)
 
     def block_seed(self, block: int) -> int:
         """The sampling seed of prompt block `block` (its own, so a resumed run samples it again the same)."""
-        return self.config.sampling.seed * 1_000_003 + block
+        return self.settings.sampling.seed * 1_000_003 + block
 
     def temperature(self, generation: int) -> float:
         """The sampling temperature of a generation (= step by default; the trainer scales its logits by it too)."""
-        config = self.config
-        if config.temp_scheduler is not None:
-            return config.temp_scheduler.at(generation, -(-self.max_steps // self.shape.steps_per_rollout_generation))
-        return 1.0 if config.sampling.temperature is None else config.sampling.temperature
+        settings = self.settings
+        if settings.temp_scheduler is not None:
+            return settings.temp_scheduler.at(generation, -(-self.max_steps // self.shape.steps_per_rollout_generation))
+        return 1.0 if settings.sampling.temperature is None else settings.sampling.temperature
 
     def wait_for_weights(self, step: int) -> None:
         """Block until the engine holds the weights of `step` (grpokit.orchestrator.weights.WeightSchedule)."""
@@ -267,7 +269,7 @@ class RolloutLoop:
 
     def _log_samples(self, step: int, rollouts: list[Rollout]) -> None:
         with open(self.run_dir / "samples.jsonl", "a") as f:
-            for r in rollouts[: self.config.num_logged_samples]:
+            for r in rollouts[: self.settings.num_logged_samples]:
                 sample = {
                     "step": step,
                     "env": r.env_id,

@@ -18,6 +18,7 @@ from grpokit.common.io import atomic_write_text
 from grpokit.sweep.report_plots import plot_metric
 from grpokit.sweep.report_stats import RunMetrics, final_value, identical_replicates, read_metrics, variant_label
 from grpokit.sweep.spec import SweepError, is_seed_key
+from grpokit.sweep.state import asked_steps, describe_run, run_outcome, trained_steps
 
 DEFAULT_METRICS = (
     "reward",
@@ -37,7 +38,7 @@ NOT_COMPARED = {"output_dir", "run_name"}  # differ between every two runs by co
 def write_report(sweep_dir: Path, metrics: list[str] | None = None, last_k: int = 5) -> Path:
     """Write sweep_dir/report.md and sweep_dir/plots/; returns the report's path."""
     runs, states = load_sweep_dir(sweep_dir)
-    done = [r for r in runs if states[r["id"]]["state"] == "done"]
+    done = [r for r in runs if finished(sweep_dir, r["id"], states[r["id"]])]
     if not done:
         raise SweepError(
             f"{sweep_dir}: no finished run to report on yet (states: {sorted({s['state'] for s in states.values()})})"
@@ -49,7 +50,8 @@ def write_report(sweep_dir: Path, metrics: list[str] | None = None, last_k: int 
         )
     chosen = pick_metrics(metrics, [m for v in variants.values() for m in v])
     plots = [plot_metric(metric, variants, sweep_dir / "plots") for metric in chosen]
-    lines = [f"# Sweep report: {sweep_dir.name}", "", *summary(sweep_dir, runs, states), "", "## Curves", ""]
+    lines = [f"# Sweep report: {sweep_dir.name}", "", *summary(sweep_dir, runs, states)]
+    lines += [*left_out(sweep_dir, [r for r in runs if r not in done], states), "", "## Curves", ""]
     lines += [f"![{metric}](plots/{path.name})" for metric, path in zip(chosen, plots)]
     lines += ["", *final_table(variants, chosen, last_k), "", *config_diff(sweep_dir, done)]
     path = sweep_dir / "report.md"
@@ -63,6 +65,25 @@ def load_sweep_dir(sweep_dir: Path) -> tuple[list[dict], dict[str, dict]]:
         raise FileNotFoundError(f"{sweep_dir}: no sweep.json; pass a folder written by `grpokit sweep`")
     saved = json.loads(path.read_text())
     return saved["definition"]["runs"], saved["runs"]
+
+
+def finished(sweep_dir: Path, run_id: str, state: dict) -> bool:
+    """Whether a run is done: marked so, and its metrics.csv holds every step asked (a sweep.json of a
+    grpokit that took a SIGTERM'd run's exit 0 for done may mark a cut-short run done)."""
+    run_dir = sweep_dir / run_id
+    return state["state"] == "done" and run_outcome(0, trained_steps(run_dir), asked_steps(run_dir)) == "done"
+
+
+def left_out(sweep_dir: Path, runs: list[dict], states: dict[str, dict]) -> list[str]:
+    """The report's line naming the runs not done, which its curves and tables leave out, and why."""
+    if not runs:
+        return []
+    named = ", ".join(f"{r['id']} ({describe_run(states[r['id']], sweep_dir / r['id'])})" for r in runs)
+    return [
+        "",
+        f"**Left out of the curves and tables, not finished**: {named}. "
+        "Run the same `grpokit sweep` command again to finish them, then the report again.",
+    ]
 
 
 def pick_metrics(requested: list[str] | None, runs: list[RunMetrics]) -> list[str]:
@@ -84,11 +105,13 @@ def summary(sweep_dir: Path, runs: list[dict], states: dict[str, dict]) -> list[
             f"\nEvery run trained on the recorded rollouts `{definition['rollouts']}` "
             "(identical batches; reward and the other orchestrator metrics are the recording's)."
         )
-    lines += ["", "| run | variant | state | attempts | resumed from step |", "|---|---|---|---|---|"]
+    lines += ["", "| run | variant | state | steps | attempts | resumed from step |", "|---|---|---|---|---|---|"]
     for run in runs:
-        s = states[run["id"]]
+        s, run_dir = states[run["id"]], sweep_dir / run["id"]
         resumed = "" if s.get("resumed_from") is None else str(s["resumed_from"])
-        lines.append(f"| {run['id']} | {variant_label(run)} | {s['state']} | {s['attempts']} | {resumed} |")
+        state = s["state"] if finished(sweep_dir, run["id"], s) or s["state"] != "done" else "incomplete"
+        steps = f"{trained_steps(run_dir)} of {asked_steps(run_dir) or '?'}"
+        lines.append(f"| {run['id']} | {variant_label(run)} | {state} | {steps} | {s['attempts']} | {resumed} |")
     return lines
 
 

@@ -27,7 +27,7 @@ from grpokit.sweep.launchers import Launcher
 from grpokit.sweep.recording import replay_problem, replay_transport
 from grpokit.sweep.resolve import resolve_config
 from grpokit.sweep.spec import RunSpec, SweepError, SweepSpec, nest
-from grpokit.sweep.state import SweepState, definition
+from grpokit.sweep.state import SweepState, asked_steps, definition, trained_steps
 from grpokit.trainer.checkpoint import checkpoint_steps
 from grpokit.transport.recorded import read_manifest
 
@@ -101,6 +101,7 @@ class SweepRunner:
     def run(self) -> int:
         """Launch every run that is not done, at most max_parallel at a time; 0 when all are done."""
         state = self.prepare()
+        self.recheck_done(state)
         todo = [run for run in self.spec.runs if state.runs[run.id].state != "done"]
         skipped = len(self.spec.runs) - len(todo)
         if skipped:
@@ -121,21 +122,43 @@ class SweepRunner:
             for run_id, handle in list(active.items()):
                 returncode = self.launcher.poll(handle)
                 if returncode is not None:
-                    state.mark_ended(run_id, returncode)
                     del active[run_id]
-                    log.info(
-                        "sweep: %s %s",
-                        run_id,
-                        "done"
-                        if returncode == 0
-                        else f"failed (exit {returncode}, see {self.sweep_dir / run_id / 'log.txt'})",
-                    )
+                    self.record_end(state, run_id, returncode)
             time.sleep(POLL_INTERVAL)
         failed = [k for k, v in state.runs.items() if v.state != "done"]
         if failed:
             log.error(
-                "sweep: %d run(s) failed: %s; fix and run the same command again to retry them",
+                "sweep: %d run(s) failed or stopped early: %s; fix and run the same command again to "
+                "retry them (each continues from its newest checkpoint)",
                 len(failed),
                 ", ".join(failed),
             )
         return 1 if failed else 0
+
+    def record_end(self, state: SweepState, run_id: str, returncode: int) -> None:
+        """Record an ended run as done, failed (a non-zero exit: an error, or a signal such as SIGTERM's
+        143) or incomplete (exit 0 short of trainer.max_steps), and say which."""
+        run_dir = self.sweep_dir / run_id
+        outcome = state.mark_ended(run_id, returncode, run_dir)
+        if outcome == "done":
+            log.info("sweep: %s done", run_id)
+        elif outcome == "failed":
+            log.info("sweep: %s failed (exit %d, see %s)", run_id, returncode, run_dir / "log.txt")
+        else:
+            log.warning(
+                "sweep: %s exited 0 after %d of %s steps: incomplete, not done (see %s)",
+                run_id,
+                trained_steps(run_dir),
+                asked_steps(run_dir),
+                run_dir / "log.txt",
+            )
+
+    def recheck_done(self, state: SweepState) -> None:
+        """Runs marked done whose metrics.csv holds fewer steps than trainer.max_steps (a sweep folder of a
+        grpokit that took a SIGTERM'd run's exit 0 for done) become incomplete, so they run again."""
+        for run in self.spec.runs:
+            saved = state.runs[run.id]
+            asked, steps = asked_steps(self.run_dir(run)), trained_steps(self.run_dir(run))
+            if saved.state == "done" and asked is not None and steps < asked:
+                log.warning("sweep: %s was marked done with %d of %d steps: running it again", run.id, steps, asked)
+                state.update(run.id, state="incomplete", steps=steps)

@@ -64,55 +64,102 @@ class WeightSync(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
+        if self.published_step == trainer.global_step:  # no step trained (a signal ended the wait for a batch)
+            return
         start = time.perf_counter()
         self._publish(trainer, pl_module)
         pl_module.last_weight_sync_time = time.perf_counter() - start  # logged with the next step's row
 
 
 class StopOnInterrupt(L.Callback):
-    """Ctrl-C (SIGINT) ends training after the current step instead of at once.
+    """Ctrl-C (SIGINT) or SIGTERM ends training after the current step instead of at once.
 
     Lightning's own answer to Ctrl-C is a KeyboardInterrupt in the middle of whatever runs, then
     `sys.exit(1)` with `grpokit fit`'s rollout thread still inside the engine: the interpreter shuts down
     under it and the process aborts ("terminate called without an active exception"), with the steps
-    since the last checkpoint lost. Here the first Ctrl-C only asks to stop; at the end of the step in
-    progress (or awaited: the trainer takes the batch it is waiting for) `trainer.should_stop` is set,
-    which the Checkpointer answers with a checkpoint of the step reached, and fit ends through its normal
-    teardown (the rollout thread stopped and joined, the broadcast closed). grpokit.main then exits with
-    130, the shell's code for a run ended by SIGINT. A second Ctrl-C exits at once (os._exit(130)): every
-    file grpokit writes is renamed into place whole, so that is as harmless as a kill (docs/reliability.md).
+    since the last checkpoint lost. Its answer to SIGTERM (2.x) is a SIGTERMException (a SystemExit with
+    no code) after the step: no checkpoint, and exit code 0, which a scheduler or a sweep takes for a
+    finished run. Here the first signal only asks to stop; at the end of the step in progress (or
+    awaited: `grpokit fit` takes the batch its rollout thread is making; `grpokit train`, whose batches
+    come from another process that may be gone, stops waiting within a second, see
+    Orchestrator.stop_requested) `trainer.should_stop` is set, which the Checkpointer answers with a
+    checkpoint of the step reached, and fit ends through its normal teardown (the rollout thread stopped
+    and joined, the broadcast closed). grpokit.main then exits with `exit_code`: 128 + the signal, the
+    shell's code for a command ended by it (130 for SIGINT, 143 for SIGTERM). A second signal exits at
+    once (os._exit(128 + it)): every file grpokit writes is renamed into place whole, so that is as
+    harmless as a kill (docs/reliability.md).
 
     Install it (main thread) before the rollout thread starts, so no Ctrl-C reaches Lightning's handler;
-    with several trainer ranks (each gets the terminal's SIGINT) they agree on the step to stop at.
+    Lightning installs its SIGTERM handler just before training starts, and on_train_start takes SIGTERM
+    back. With several trainer ranks (each gets the terminal's SIGINT, a scheduler's SIGTERM may reach one)
+    they agree on the step to stop at.
     """
 
+    SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
     def __init__(self) -> None:
-        self.requested = False
-        self.stopped_at: int | None = None  # the steps done when a Ctrl-C ended training before max_steps
-        self._installed, self._previous = False, None  # and the SIGINT handler to restore
+        self.requested = False  # a signal reached this process
+        self.signum: int | None = None  # which one
+        self.stopping = False  # training stops at this step: this rank's signal or another's
+        self.stopped_at: int | None = None  # the steps done when a signal ended training before max_steps
+        self._previous: dict[int, object] = {}  # the handlers to restore, while installed
+
+    @property
+    def signal_name(self) -> str:
+        """How the run summary names what stopped it: "Ctrl-C" or "SIGTERM"."""
+        return self.SIGNALS.get(self.signum, "Ctrl-C")
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal when it ended training before max_steps, else 0 (grpokit.main returns it); a
+        rank stopped by another rank's signal counts it as SIGTERM (a scheduler's)."""
+        if self.stopped_at is None:
+            return 0
+        return 128 + (self.signum or signal.SIGTERM)
 
     def install(self) -> None:
-        """Take over SIGINT (only the main thread may; elsewhere Ctrl-C keeps its default)."""
-        if threading.current_thread() is threading.main_thread() and not self._installed:
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-            self._installed = True
+        """Take over SIGINT and SIGTERM (only the main thread may; elsewhere they keep their handlers)."""
+        if threading.current_thread() is threading.main_thread() and not self._previous:
+            self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
 
-    def _on_sigint(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
         # os.write, not print: a signal handler may run while the main thread is inside a print to stderr
+        if not self._previous:  # Lightning restored this handler after uninstall (its teardown on an error)
+            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
+            signal.raise_signal(signum)
+            return
+        name = self.SIGNALS[signum]
         if self.requested:
-            os.write(2, b"\ngrpokit: second Ctrl-C: exiting now (resume with --ckpt.resume_step -1)\n")
-            os._exit(130)
-        self.requested = True
-        os.write(2, b"\ngrpokit: Ctrl-C: stopping after the current step (Ctrl-C again to exit at once)\n")
+            os.write(2, f"\ngrpokit: second {name}: exiting now (resume with --ckpt.resume_step -1)\n".encode())
+            os._exit(128 + signum)
+        self.requested, self.signum = True, signum
+        again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+        os.write(2, f"\ngrpokit: {name}: stopping after the current step ({again} to exit at once)\n".encode())
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """`grpokit train` on one rank: the wait for a batch ends once a signal asks to stop. With several
+        ranks the others wait for rank 0's batch, so rank 0 waits too (bounded by data.timeout)."""
+        data = trainer.datamodule
+        if hasattr(data, "stop_requested") and trainer.world_size == 1:
+            data.stop_requested = lambda: self.requested
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM back from Lightning's handler (installed just before training starts); a SIGTERM
+        between the two already reached this one too, so Lightning's flag is dropped."""
+        if self._previous and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            connector = getattr(trainer, "_signal_connector", None)
+            if connector is not None:
+                connector.received_sigterm = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
-        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):
-            trainer.should_stop = True  # before the Checkpointer's hook of this step, which then saves it
+        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):  # on this rank or another
+            self.stopping = trainer.should_stop = True  # before the Checkpointer's hook of this step, which saves it
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.requested and trainer.global_step < trainer.max_steps:
+        if self.stopping and trainer.global_step < trainer.max_steps:
             self.stopped_at = trainer.global_step  # the run's summary says so (grpokit.cli.summary)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -122,10 +169,11 @@ class StopOnInterrupt(L.Callback):
         self.uninstall()
 
     def uninstall(self) -> None:
-        """Give SIGINT back to the handler it had before install()."""
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
-            self._installed = False
+        """Give SIGINT and SIGTERM back to the handlers they had before install()."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            default = signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
+            signal.signal(signum, handler if handler is not None else default)
 
 
 class ShareBaseWeights(L.Callback):

@@ -331,9 +331,11 @@ class Checkpointer(L.Callback):
         """`transport` hears the step of every checkpoint (Transport.retain_from), so it keeps the batches
         that a trainer resumed from that checkpoint reads again."""
         self.folder, self.settings, self.transport = Path(folder), settings, transport
+        self.started_at = 0  # the step training (re)started at
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Keep the batches from the step training (re)starts at; delete temp files a killed writer left."""
+        self.started_at = trainer.global_step
         if self.transport is not None:
             self.transport.retain_from(trainer.global_step)
         if trainer.is_global_zero:
@@ -344,6 +346,8 @@ class Checkpointer(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if step == self.started_at:  # no step trained (a signal ended `grpokit train`'s wait for its first batch)
+            return
         if step % self.settings.interval == 0 or step >= trainer.max_steps:
             self.save(trainer, step)
         elif trainer.should_stop:  # training ends early (Ctrl-C: StopOnInterrupt): keep the steps done

@@ -217,7 +217,9 @@ class Policy(L.LightningModule):
     def training_step(self, dataloader_iter) -> None:
         # Taking the iterator (not a batch) turns off Lightning's one-batch prefetch: the batch for step
         # n+1 may need the weights this step produces (max_async_level 0), so prefetching would deadlock.
-        received: TrainingBatch = next(dataloader_iter)[0]
+        received: TrainingBatch | None = next(dataloader_iter)[0]
+        if received is None:  # `grpokit train` stopped waiting: a signal asked to stop (StopOnInterrupt)
+            return None  # no step: global_step stays, the Checkpointer saves the step reached
         if self.share_prefixes:
             attach_prefix_trees(received.micro_batches)  # on the host, once per micro-batch (the orchestrator may have)
         batch = move_data_to_device(received, self.device)  # with the iterator, Lightning leaves the transfer to us

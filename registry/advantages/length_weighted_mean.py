@@ -3,11 +3,17 @@ with Optimal Reward Baseline", arXiv 2505.23585; verl's `opo` advantage estimato
 
     b = sum_j len_j r_j / sum_j len_j        A_i = r_i - b
 
-over the G rollouts of one prompt, len_j the completion length in tokens. The variance-minimising
+over the G rollouts of one prompt, len_j = sum_t m_jt the number of rollout j's trained tokens
+(completion_mask m_jt = 1, the tokens the policy wrote; Advantage.token_advantages passes these counts).
+A multi-turn rollout's tool results and user turns are in its completion but not in len_j, as in verl's
+`opo`, whose response length is the sum of the response mask; a single-turn rollout's len_j is its
+completion length. The variance-minimising
 baseline is E[|grad log pi(y)|^2 r] / E[|grad log pi(y)|^2]; OPO assumes the squared gradient norm grows
-in proportion to the length, which leaves this weighted mean. It is also the baseline that fits
-token-level loss aggregation: every token of rollout i carries A_i, and sum_i len_i A_i = 0, so a group's
-advantages cancel over its tokens rather than over its rollouts.
+in proportion to the length, which leaves this weighted mean; only trained tokens have a gradient, so
+only they count. It is also the baseline that fits token-level loss aggregation: every trained token of
+rollout i carries A_i, and sum_i len_i A_i = 0, so a group's advantages cancel over its trained tokens
+rather than over its rollouts. A rollout masked out of the loss (non-finite engine logprobs) has no
+trained tokens and so no weight.
 
 Departures: if a group's lengths are all 0 there is nothing to weight by and the baseline falls back to
 the plain mean (grpokit's choice; OPO does not cover it). A single-rollout group gets 0 (a flat group,
@@ -22,7 +28,7 @@ from grpokit.advantage import Advantage, zero_flat_groups
 
 
 class LengthWeightedMean(Advantage):
-    """r - the group's mean reward weighted by completion length (OPO's baseline)."""
+    """r - the group's mean reward weighted by trained (policy-written) tokens (OPO's baseline)."""
 
     def __call__(self, rewards_PG: torch.Tensor, lengths_PG: torch.Tensor) -> torch.Tensor:
         weights_PG = lengths_PG.to(rewards_PG.dtype)

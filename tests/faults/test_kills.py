@@ -13,6 +13,10 @@ newer than its step or staler than the bounds; the last checkpoint and broadcast
 
 Seeds: GRPOKIT_FAULT_SEEDS (comma-separated, default "0") pick the kill order and moments; CI runs seed
 0 with one co-locate kill (~2 min for this file), docs/reliability.md reports a longer sweep.
+GRPOKIT_FAULT_SIGNAL=TERM sends SIGTERM instead of SIGKILL (a scheduler's stop): each process must then
+also exit within STOP_WITHIN seconds, and a stopped `fit`, `train` or `orchestrate` non-zero (143, or
+-15 when it lands before the process installed its handler; `grpokit infer` exits 0).
+GRPOKIT_FAULT_STREAMING=1 runs the co-locate test with `data.streaming` too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ from tests.support import make_rollout, read_metrics
 
 SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
+SIGNAL = signal.Signals["SIG" + os.environ.get("GRPOKIT_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")]
+MODES = ["batch"] + (["streaming"] if os.environ.get("GRPOKIT_FAULT_STREAMING") == "1" else [])
+STREAMING = ("--data.streaming", "{max_inflight: 2}")
+STOP_WITHIN = 30.0  # seconds from SIGTERM to the exit: a generation, the step in progress, a checkpoint, teardown
 STEPS = 30
 # kills land at steps 3..8 (co-locate) or 2..8 (multi-process); the tiny model trains a step in ~0.1-0.3 s,
 # so the long tail keeps every process alive for the seconds between reaching a target and the kill
@@ -70,11 +78,18 @@ def wait_for_progress(run: Path, target: int, since: float, procs: dict) -> None
         time.sleep(0.05)
 
 
-def kill(proc: subprocess.Popen) -> bool:
-    """SIGKILL `proc`; True if it was still running (the kill hit a live process)."""
-    alive = proc.poll() is None
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+def kill(proc: subprocess.Popen, role: str = "fit") -> bool:
+    """SIGNAL to `proc` (SIGKILL by default); True if it was still running (the kill hit a live process).
+    After SIGTERM the process must exit within STOP_WITHIN s, non-zero unless it is the server."""
+    alive, sent = proc.poll() is None, time.monotonic()
+    proc.send_signal(SIGNAL)
+    if SIGNAL != signal.SIGTERM:
+        proc.wait()
+        return alive
+    code = proc.wait(timeout=WAIT)
+    assert time.monotonic() - sent < STOP_WITHIN, f"{role} took {time.monotonic() - sent:.1f} s to stop"
+    if alive:
+        assert code in ((0, -signal.SIGTERM) if role == "infer" else (143, -signal.SIGTERM)), (role, code)
     return alive
 
 
@@ -98,8 +113,9 @@ def audit(run: Path, steps: int, oldest_gap: int) -> None:
     assert not list((run / "checkpoints").glob(".*.tmp")), "a killed checkpoint write left its temp file"
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_colocate_survives_kills(tmp_path, tiny_model, seed):
+def test_colocate_survives_kills(tmp_path, tiny_model, seed, mode):
     rng = random.Random(seed)
     run = tmp_path / "colo"
     argv = tiny_fit_argv(
@@ -116,6 +132,7 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed):
         "null",
         "--data.sampling.max_tokens",
         "6",
+        *(STREAMING if mode == "streaming" else ()),
     )
     resume = ["--ckpt.resume_step", "-1"]
     survived = 0
@@ -184,7 +201,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
         for victim, target in zip(victims, targets):
             wait_for_progress(run, target, since, procs)
             time.sleep(rng.uniform(0.0, 1.5))
-            survived[victim], since = kill(procs[victim]), time.time()
+            survived[victim], since = kill(procs[victim], victim), time.time()
             procs[victim] = launch(victim, *(["--ckpt.resume_step", "-1"] if victim == "train" else []))
         assert procs["train"].wait(timeout=WAIT) == 0, (tmp_path / "train.log").read_text()[-3000:]
         assert procs["orchestrate"].wait(timeout=WAIT) == 0, (tmp_path / "orchestrate.log").read_text()[-3000:]

@@ -16,6 +16,7 @@ import pytest
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.common.models import load_tokenizer
+from grpokit.common.run_context import RunContext
 from grpokit.environments.environment import EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine
@@ -41,7 +42,9 @@ def test_orchestrator_waiting_for_weights_names_the_trainer_and_data_timeout(tmp
     )
     broadcast = FilesystemBroadcast()
     broadcast.setup(tmp_path)  # nothing published: the trainer never started
-    data.connect(RemoteEngine(), broadcast, load_tokenizer(tiny_model), tmp_path, max_steps=2)
+    data.connect(
+        RemoteEngine(), broadcast, load_tokenizer(tiny_model), RunContext(tmp_path, run_name_given=True), max_steps=2
+    )
     with pytest.raises(
         TimeoutError,
         match=r"no weights of step >= 0 after 0s \(data.timeout\): is the "
@@ -62,7 +65,9 @@ def test_the_wait_for_weights_has_a_timeout_of_its_own(tmp_path, tiny_model):
     )
     broadcast = FilesystemBroadcast()
     broadcast.setup(tmp_path)
-    data.connect(RemoteEngine(), broadcast, load_tokenizer(tiny_model), tmp_path, max_steps=2)
+    data.connect(
+        RemoteEngine(), broadcast, load_tokenizer(tiny_model), RunContext(tmp_path, run_name_given=True), max_steps=2
+    )
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"no weights of step >= 0 after 0s \(data.weights_timeout\)"):
         data.loop.wait_for_weights(0)

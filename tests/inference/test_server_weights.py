@@ -22,6 +22,7 @@ from grpokit.broadcast.ipc import IPCBroadcast
 from grpokit.broadcast.nccl import NCCLBroadcast
 from grpokit.common.checksums import tensors_sha256
 from grpokit.common.models import load_causal_lm, load_tokenizer
+from grpokit.common.run_context import RunContext
 from grpokit.environments.environment import EnvSpec
 from grpokit.inference.builtin import BuiltinEngine
 from grpokit.inference.remote import RemoteEngine, RemoteError
@@ -198,7 +199,7 @@ def test_orchestrator_waits_for_the_servers_weights(tiny_model, tmp_path):
         data = Orchestrator(
             env=[EnvSpec(id="reverse-text", args={"num_tasks": 4})], batch_size=8, rollouts_per_example=4, timeout=0.5
         )
-        data.connect(remote, never, load_tokenizer(tiny_model), tmp_path, max_steps=2)
+        data.connect(remote, never, load_tokenizer(tiny_model), RunContext(tmp_path, run_name_given=True), max_steps=2)
         with pytest.raises(
             TimeoutError,
             match=r"no weights of step >= 0 .*\(IPCBroadcast\) to the server \(`grpokit infer`.*holds step -1\)\?",

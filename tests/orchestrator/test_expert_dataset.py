@@ -41,7 +41,7 @@ def prepared(tokenizer, seed=3, seq_len=256, **settings):
 
 
 def drawn(data, step):
-    return [(r.prompt_ids, r.completion_ids, r.completion_mask) for r in data.experts.rollouts(step, [])]
+    return [(r.prompt_ids, r.completion_ids, r.completion_mask) for r in data.inputs.experts.rollouts(step, [])]
 
 
 def test_each_step_draws_the_same_records_in_every_loader_and_after_a_resume(tmp_path, tokenizer):
@@ -53,7 +53,7 @@ def test_each_step_draws_the_same_records_in_every_loader_and_after_a_resume(tmp
     resumed = prepared(tokenizer, path=path, fields=MAPPING, per_step=3)  # asked for step 2 first
     assert drawn(resumed, 2) == first[2]
     assert len({json.dumps(first[s]) for s in range(4)}) == 4  # each step its own records
-    steps_0_to_2 = [r.example_id for s in range(3) for r in a.experts.rollouts(s, [])]
+    steps_0_to_2 = [r.example_id for s in range(3) for r in a.inputs.experts.rollouts(s, [])]
     assert sorted(steps_0_to_2[:9]) == sorted(set(steps_0_to_2[:9]))  # a pass draws each record once
     other_seed = prepared(tokenizer, seed=4, path=path, fields=MAPPING, per_step=3)
     assert drawn(other_seed, 0) != first[0]
@@ -62,7 +62,7 @@ def test_each_step_draws_the_same_records_in_every_loader_and_after_a_resume(tmp
 def test_expert_rows_are_rendered_chats_with_the_assistant_mask_and_is_expert(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "sft.jsonl", RECORDS)
     data = prepared(tokenizer, path=path, fields=MAPPING, per_step=4)
-    experts = data.experts.rollouts(5, [])
+    experts = data.inputs.experts.rollouts(5, [])
     renderer = ChatRenderer(tokenizer)
     for e in experts:
         record = RECORDS[e.example_id]
@@ -91,7 +91,7 @@ def test_a_multi_turn_chat_trains_only_its_assistant_turns(tmp_path, tokenizer):
         {"role": "assistant", "content": "d"},
     ]
     data = prepared(tokenizer, path=write_jsonl(tmp_path / "chats.jsonl", [{"messages": chat}]), per_step=2)
-    [e, again] = data.experts.rollouts(0, [])
+    [e, again] = data.inputs.experts.rollouts(0, [])
     assert (e.prompt_ids, e.completion_ids) == (again.prompt_ids, again.completion_ids)  # one record, twice
     trained = [t for t, m in zip(e.completion_ids, e.completion_mask) if m]
     untrained = [t for t, m in zip(e.completion_ids, e.completion_mask) if not m]
@@ -103,8 +103,8 @@ def test_records_over_seq_len_are_dropped_and_counted(tmp_path, tokenizer):
     long = {"question": "x " * 200, "reply": "y"}
     path = write_jsonl(tmp_path / "sft.jsonl", [*RECORDS[:3], long])
     data = prepared(tokenizer, seq_len=64, path=path, fields=MAPPING, per_step=4)
-    assert (len(data.experts.records), data.experts.dropped) == (3, 1)
-    assert all(r.num_tokens <= 64 for s in range(3) for r in data.experts.rollouts(s, []))
+    assert (len(data.inputs.experts.records), data.inputs.experts.dropped) == (3, 1)
+    assert all(r.num_tokens <= 64 for s in range(3) for r in data.inputs.experts.rollouts(s, []))
     with pytest.raises(ValueError, match=r"every record is over data.seq_len \(64\) tokens"):
         prepared(tokenizer, seq_len=64, path=write_jsonl(tmp_path / "long.jsonl", [long]), fields=MAPPING)
 
@@ -114,8 +114,8 @@ def test_reference_answers_stay_the_default_source(tokenizer):
     assert (settings.field, settings.template, settings.path) == ("answer", "{answer}", None)
     data = prepared(tokenizer)
     group = [make_rollout([5, 6], prompt_ids=[1, 2], group_id=9, example_id=2, env_id="reverse-text")]
-    [expert] = data.experts.rollouts(0, [group])
-    answer = data.environments[0][0].examples[2].task.data.answer
+    [expert] = data.inputs.experts.rollouts(0, [group])
+    answer = data.inputs.training[0].examples[2].task.data.answer
     assert expert.is_expert and (expert.completion_text, expert.group_id) == (answer, 9)
 
 

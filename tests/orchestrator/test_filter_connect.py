@@ -8,6 +8,7 @@ import pytest
 
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.common.models import load_tokenizer
+from grpokit.common.run_context import RunContext
 from grpokit.environments.environment import EnvSpec
 from grpokit.inference.remote import RemoteEngine
 from grpokit.main import main
@@ -23,7 +24,9 @@ def connect(tmp_path, tiny_model, filters):
     )
     broadcast = FilesystemBroadcast()
     broadcast.setup(tmp_path)
-    data.connect(RemoteEngine(), broadcast, load_tokenizer(tiny_model), tmp_path, max_steps=1)
+    data.connect(
+        RemoteEngine(), broadcast, load_tokenizer(tiny_model), RunContext(tmp_path, run_name_given=True), max_steps=1
+    )
     return data
 
 

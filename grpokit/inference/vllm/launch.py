@@ -34,7 +34,7 @@ def start_recipe_vllm(cli, engine, broadcast, settings) -> VLLMServer:
         return start_vllm(
             engine.serve,
             cli.model,
-            cli.datamodule.seq_len,
+            cli.datamodule.settings.seq_len,
             settings.host,
             settings.port,
             engine.base_model_name,

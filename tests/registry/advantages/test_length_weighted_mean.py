@@ -5,6 +5,7 @@ import torch
 
 from grpokit.registry.advantages.dr_grpo import DrGRPO
 from grpokit.registry.advantages.length_weighted_mean import LengthWeightedMean
+from tests.support import make_rollout
 
 
 def expect(adv, rows):
@@ -63,3 +64,27 @@ def test_integer_lengths_and_float32_rewards_give_float32():
     lengths = torch.randint(0, 50, (2, 4))
     adv = LengthWeightedMean()(rewards, lengths)
     assert adv.dtype == torch.float32 and adv.shape == (2, 4) and torch.isfinite(adv).all()
+
+
+def test_a_multi_turn_rollout_weighs_only_its_trained_tokens():
+    # A: 2 reply tokens, a 4-token tool result (mask 0), 1 reply token; B: 3 reply tokens; C: 1 + 2 env + 1.
+    a = make_rollout([5, 6, 90, 91, 92, 93, 7], mask=[1, 1, 0, 0, 0, 0, 1], reward=1.0)
+    b = make_rollout([5, 6, 7], reward=0.0)
+    c = make_rollout([5, 90, 91, 7], mask=[1, 0, 0, 1], reward=0.5)
+    per_token = LengthWeightedMean().token_advantages([[a, b, c]])
+    # trained tokens 3, 3, 2: b = (3 * 1 + 3 * 0 + 2 * 0.5) / 8 = 1/2 -> A = 1/2, -1/2, 0.
+    # (counting every completion token, 7, 3, 4, gave b = (7 + 2) / 14 = 9/14 -> 5/14, -9/14, -1/7.)
+    assert per_token == [[0.5] * 7, [-0.5] * 3, [0.0] * 4]
+    trained = [sum(r.completion_mask) for r in (a, b, c)]
+    assert sum(n * adv[0] for n, adv in zip(trained, per_token)) == 0.0  # cancels over the trained tokens
+
+
+def test_single_turn_rollouts_weigh_their_whole_completion_as_before():
+    rewards, lengths = [1.0, 0.0, 0.5], [2, 6, 4]
+    group = [make_rollout(list(range(n)), reward=r) for r, n in zip(rewards, lengths)]
+    per_token = LengthWeightedMean().token_advantages([group])
+    expected = LengthWeightedMean()(
+        torch.tensor([rewards], dtype=torch.float64), torch.tensor([lengths], dtype=torch.float64)
+    )
+    assert per_token == [[a] * n for a, n in zip(expected[0].tolist(), lengths)]
+    expect(torch.tensor([adv[0] for adv in per_token], dtype=torch.float64)[None], [[2 / 3, -1 / 3, 1 / 6]])
