@@ -1,4 +1,4 @@
-"""The SFT -> export -> GRPO path on one CUDA GPU: `grpokit sft` with QLoRA (an NF4 base, bf16 compute,
+"""The SFT -> export -> GRPO path on one CUDA GPU: `grpokit sft` with LoRA or QLoRA (an NF4 base, bf16 compute,
 varlen attention on packed rows), its held-out eval, the merge into model/ at the end; `grpokit export`
 of that run (adapter, and merged through the NF4 base); `grpokit fit --model.init_from` the SFT run.
 
@@ -92,6 +92,8 @@ def main() -> int:
         sft_args = ["sft", "--config", str(REPO / "recipes" / "reverse_text_sft.yaml"), *common, *quant, *dtype]
         sft_args += ["--run_name", "sft", "--trainer.max_steps", str(args.steps), "--data.eval_interval", "10"]
         sft_args += ["--ckpt.interval", "10", "--model.lr", "1e-3"]
+        modules = "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"  # the adapter to export
+        sft_args += ["--model.lora", f"{{rank: 16, alpha: 32, target_modules: {modules}}}"]
         code, secs = grpokit(sft_args, args.out / "sft.log")
         run = tmp / "sft"
         loss = metric_column(run, "loss")

@@ -6,12 +6,14 @@ above them all, so none of them imports it and the package has no import cycle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
+import torch
 from transformers.utils import logging as hf_logging
 
 import grpokit
@@ -172,6 +174,24 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     startup.role = argv[0]
     check_recipe_files(argv)
     check_component_names(argv)
+    with torch_threads_kept():  # `num_threads` is this command's, not the process's
+        return recipe_command(argv, startup)
+
+
+@contextlib.contextmanager
+def torch_threads_kept():
+    """Give torch its thread count back when a command ends: `num_threads` (torch.set_num_threads) is
+    process-wide, so a command run in a process that runs more (a notebook, the tests) left its count to
+    the next, whose float sums then round differently than in a fresh process."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def recipe_command(argv: list[str], startup: Startup) -> int:
+    """A command that reads a recipe (argv[0] one of SUBCOMMANDS, whose files are checked)."""
     if argv[0] == "eval":
         return eval_main(argv[1:], startup)
     if argv[:1] in (["infer"], ["orchestrate"]):

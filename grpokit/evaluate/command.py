@@ -22,7 +22,7 @@ from pathlib import Path
 from grpokit.broadcast.filesystem import FilesystemBroadcast
 from grpokit.cli import make_cli
 from grpokit.evaluate import report, scoring
-from grpokit.evaluate.weights import check_same_model, load_step, pick_step
+from grpokit.evaluate.weights import check_same_model, load_step, pick_step, pipeline_init_from
 from grpokit.inference.remote import RemoteError
 from grpokit.orchestrator.eval_metrics import ladder
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
@@ -138,7 +138,8 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
         if run_dir
         else ["--run_name", time.strftime("eval_%Y%m%d-%H%M%S")]
     )
-    cli = make_cli([*recipe_args, *where], run=False, role="eval", startup=startup)
+    first = pipeline_init_from(run_dir) if run_dir else []  # a pipeline recipe's SFT run, as the run had it
+    cli = make_cli([*first, *recipe_args, *where], run=False, role="eval", startup=startup)
     if run_dir:
         check_same_model(run_dir, cli.model.base_model, cli.model.init_from)
     data, engine = cli.datamodule, cli.config_init["inference"]

@@ -53,6 +53,19 @@ def pick_step(run_dir: Path, step: int | None) -> int:
     return step
 
 
+def pipeline_init_from(run_dir: Path) -> list[str]:
+    """`--model.init_from` flags for an eval of a run whose recipe names both stages (grpokit.cli.stages):
+    such a recipe fills model.init_from from output_dir/sft.run_name, but the eval's output_dir is the run's
+    folder (its scratch space), so it is given the SFT run the run itself started from (its config.yaml).
+    They go before the recipe's flags, so an explicit `--model.init_from` still wins. Empty otherwise."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return []
+    config = yaml.safe_load(saved.read_text()) or {}
+    init_from = (config.get("model") or {}).get("init_from")
+    return ["--model.init_from", str(init_from)] if config.get("sft") and init_from else []
+
+
 def check_same_model(run_dir: Path, model_name: str, init_from: str | None = None) -> None:
     """Refuse a run trained from another model than the recipe's (its saved config.yaml says which): another
     `model.model`, or another `model.init_from` (the SFT run whose weights its adapter was trained on)."""

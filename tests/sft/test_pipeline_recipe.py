@@ -54,6 +54,9 @@ def test_sft_then_fit_on_one_file(tmp_path, tiny_model):
     saved = yaml.safe_load((tmp_path / "grpo" / "config.yaml").read_text())
     assert saved["model"]["init_from"] == str(tmp_path / "warm") and saved["sft"]["run_name"] == "warm"
     assert len(read_metrics(tmp_path / "grpo")) == 2
+    # the summary's eval command: the run's SFT weights beside its own, though eval's output_dir is the run
+    flags = ["--ckpt", str(tmp_path / "grpo"), "--base", "--k", "1", "--num_examples", "2"]
+    assert main(["eval", "--config", recipe, *flags, "--out", str(tmp_path / "e.json")]) == 0
 
 
 def test_the_shipped_pipeline_recipe_parses_for_both_commands(tmp_path):
