@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from grpokit.common.errors import RunDataError
 from grpokit.common.timeline import record_timeline
 from grpokit.orchestrator.group_play import GroupPlay, PendingGroup, whole_batch_stream
 from grpokit.orchestrator.prompt_length import split_by_length
@@ -69,6 +70,7 @@ class RolloutDriver:
         self.ready: Groups = []  # finished groups that passed buffer.keep, not yet handed out
         self.dropped: Groups = []  # finished groups buffer.keep refused, since the last hand-out
         self.too_long = 0
+        self.blocks_without_prompt = 0  # consecutive prompt blocks whose every prompt was too long
         self.generation = 0
 
     def select_groups(self, generation: int) -> tuple[Groups, Groups, int]:
@@ -113,6 +115,8 @@ class RolloutDriver:
             self.ready, self.dropped = [], []
             if len(kept) >= self.needed:
                 break
+        if not generated and too_long:  # nothing to train on or describe: one line naming the keys
+            raise RunDataError(self._none_fits(f"generation {generation}: all {too_long} prompts"))
         return generated, kept[: self.needed], too_long
 
     def _streamed_generation(self, generation: int) -> tuple[Groups, Groups, int]:
@@ -164,11 +168,31 @@ class RolloutDriver:
         too long."""
         loop = self.loop
         per_block = loop.prompts_per_block()
-        prompts, ids, skipped = split_by_length(loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit)
+        prompts, ids, skipped = split_by_length(
+            loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit, warn=max(0, 3 - self.too_long)
+        )
+        self._check_some_prompt_fits(bool(prompts), per_block)
         seed = loop.block_seed(block)
         first = block * per_block
         pending = [PendingGroup(env, ex, p, first + g, seed) for g, ((env, ex), p) in enumerate(zip(prompts, ids))]
         return pending, skipped
+
+    def _check_some_prompt_fits(self, any_fit: bool, per_block: int) -> None:
+        """Stop the run once a whole pass over the data has had no prompt that fits: a stream skipping on
+        would draw blocks forever. (A whole-batch generation stops sooner: when none of its prompts fit.)"""
+        self.blocks_without_prompt = 0 if any_fit else self.blocks_without_prompt + 1
+        loop = self.loop
+        if self.blocks_without_prompt >= loop.prompts.blocks_per_pass(per_block):
+            count = self.blocks_without_prompt * per_block
+            raise RunDataError(self._none_fits(f"{count} prompts in a row (a pass over the data)"))
+
+    def _none_fits(self, which: str) -> str:
+        return (
+            f"no prompt of data.env fits: {which} have more than {self.loop.prompt_limit} tokens "
+            "(data.max_prompt_tokens, or data.seq_len / the model's context minus data.sampling.max_tokens, "
+            "the chat template included): raise data.seq_len or data.max_prompt_tokens, or lower "
+            "data.sampling.max_tokens"
+        )
 
     def _submit(self, pending: PendingGroup) -> None:
         pending.submitted = time.time()

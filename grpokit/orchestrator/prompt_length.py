@@ -7,8 +7,10 @@ therefore min(seq_len, context) - max_tokens, or data.max_prompt_tokens when tha
 Peers differ on what to do with a longer prompt: TRL cuts it from the left (max_prompt_length), NeMo
 RL drops the example (max_input_seq_length). grpokit drops it, like NeMo RL: a cut prompt is another
 task, whose reference answer may no longer follow from what is left. Each generation counts the
-prompts it dropped (metric `prompts_too_long`) and the first few are logged with their environment and
-example, so an over-long dataset is visible on step 0 rather than a failure at step 300.
+prompts it dropped (metric `prompts_too_long`) and the run's first three are logged with their environment
+and example, so an over-long dataset is visible on step 0 rather than a failure at step 300. Where nothing
+fits, the run stops with one line naming the keys (grpokit.orchestrator.driver): a stream after a whole
+pass over the data without a prompt that fits, a whole-batch generation when none of its prompts fit.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def prompt_token_limit(max_tokens: int, seq_len: int, context: int | None, max_p
 
 
 def split_by_length(
-    tokenizer, prompts: list[tuple[Environment, Example]], limit: int
+    tokenizer, prompts: list[tuple[Environment, Example]], limit: int, warn: int = 3
 ) -> tuple[list[tuple[Environment, Example]], list[list[int]], int]:
     """(the prompts of at most `limit` tokens, their token ids, how many were longer); logs the first
-    few dropped. The ids go on to the engine, so each prompt is tokenised once."""
+    `warn` dropped (the driver: the run's first three; the count goes on in prompts_too_long). The ids go
+    on to the engine, so each prompt is tokenised once."""
     fitting, fitting_ids, dropped = [], [], []
     for env, ex in prompts:
         ids = prompt_token_ids(tokenizer, ex)
@@ -60,7 +63,7 @@ def split_by_length(
             fitting_ids.append(ids)
         else:
             dropped.append((env, ex, len(ids)))
-    for env, ex, n in dropped[:3]:
+    for env, ex, n in dropped[:warn]:
         log.warning(
             "environment %r example %d: prompt of %d tokens is over the limit of %d (data.max_prompt_tokens, "
             "or data.seq_len / the model's context minus data.sampling.max_tokens); skipped, counted in "

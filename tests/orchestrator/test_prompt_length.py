@@ -44,3 +44,16 @@ def test_over_long_prompts_are_skipped_and_counted(tmp_path, tiny_model, caplog)
     skipped = [float(r["prompts_too_long"]) for r in rows]
     assert len(rows) == 3 and sum(skipped) > 0 and all(s in (0, 1, 2) for s in skipped), skipped
     assert "prompt of" in caplog.text and "over the limit of 120" in caplog.text
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole-batch", "streaming"])
+def test_a_pass_without_a_prompt_that_fits_stops_the_run(tmp_path, tiny_model, capsys, caplog, streaming):
+    """No prompt fits (max_prompt_tokens 1 is below any chat-templated prompt): streaming used to skip
+    blocks forever, one WARNING each, and whole-batch generation to die with a raw ZeroDivisionError."""
+    extra = ["--data.streaming", "{max_inflight: 2}"] if streaming else []
+    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--data.max_prompt_tokens", "1", "--trainer.max_steps", "2", *extra)
+    assert entry([*argv, "--data.env", "[{id: reverse-text, args: {num_tasks: 40}}]"]) == 1
+    err = capsys.readouterr().err
+    which = "40 prompts in a row" if streaming else "generation 0: all 2 prompts"
+    assert f"no prompt of data.env fits: {which}" in err and "data.max_prompt_tokens" in err, err
+    assert caplog.text.count("over the limit of 1 (") == (3 if streaming else 2)  # the run's first three
