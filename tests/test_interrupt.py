@@ -6,7 +6,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from grpokit.main import entry
 from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import checkpoint_steps
 from tests.support import read_metrics
+from tests.support.processes import start_grpokit, wait_for_file
 
 STEPS = 6
 WAIT = 300  # seconds any one stage may take before the test fails (never hangs)
@@ -22,20 +22,8 @@ WAIT = 300  # seconds any one stage may take before the test fails (never hangs)
 SYNC = ("--seed_everything", "0", "--data.max_async_level", "0", "--data.eval", "null")
 
 
-def start(tmp_path: Path, argv: list[str], log_name: str, **popen) -> tuple[subprocess.Popen, Path]:
-    log = tmp_path / f"{log_name}.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit", *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT, **popen
-    )
-    return proc, log
-
-
 def wait_for(path: Path, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():
-        assert proc.poll() is None, f"grpokit fit exited with {proc.returncode} before {path} appeared"
-        assert time.monotonic() < deadline, f"no {path} after {WAIT} s"
-        time.sleep(0.02)
+    wait_for_file(path, proc, WAIT)
 
 
 def step_rows(run: Path) -> list[dict]:
@@ -58,7 +46,7 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_resume_matches_a_st
                              *SYNC, *extra)  # fmt: skip
 
     run = tmp_path / "stopped"
-    proc, log = start(tmp_path, argv("stopped"), "stopped")
+    proc, log = start_grpokit(tmp_path, argv("stopped"), "stopped")
     try:
         wait_for(run / "rollouts" / "step_3.safetensors", proc)  # sampled after step 2: the trainer is on step 3
         proc.send_signal(signal.SIGINT)
@@ -74,7 +62,7 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_resume_matches_a_st
     # the resume and the straight run each in a fresh process too, as the stopped one: a process that
     # already ran other fits in-process (this test session) may round differently in the 7th digit
     for name, extra in (("resumed", ("--ckpt.resume_step", "-1")), ("straight", ())):
-        proc, log = start(tmp_path, argv("stopped" if name == "resumed" else name, *extra), name)
+        proc, log = start_grpokit(tmp_path, argv("stopped" if name == "resumed" else name, *extra), name)
         assert proc.wait(timeout=WAIT) == 0, log.read_text()[-3000:]
     resumed, straight = step_rows(run), step_rows(tmp_path / "straight")
     assert [int(r["step"]) for r in resumed] == list(range(STEPS))
@@ -86,7 +74,7 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_then_names_the_missing_check
     thread sampling): the second one does not wait for the step."""
     long = ("--data.sampling.max_tokens", "384", "--data.seq_len", "512")  # the tiny model allows 512 positions
     argv = tiny_fit_argv(tmp_path, tiny_model, "early", "--ckpt.interval", "0", *long, *SYNC)
-    proc, log = start(tmp_path, argv, "early")
+    proc, log = start_grpokit(tmp_path, argv, "early")
     try:
         wait_for(tmp_path / "early" / "broadcasts" / "step_0" / "STABLE", proc)  # training started
         proc.send_signal(signal.SIGINT)
@@ -112,7 +100,7 @@ def test_an_io_error_mid_run_exits_with_one_line_naming_the_file(tmp_path, tiny_
 
     run = tmp_path / "io"
     argv = tiny_fit_argv(tmp_path, tiny_model, "io", "--trainer.max_steps", "4", "--ckpt.interval", "2", *SYNC)
-    proc, log = start(tmp_path, argv, "io", preexec_fn=small_files)
+    proc, log = start_grpokit(tmp_path, argv, "io", preexec_fn=small_files)
     try:
         assert proc.wait(timeout=WAIT) == 1
     finally:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from grpokit.testing import tiny_fit_argv
 from grpokit.trainer.checkpoint import checkpoint_steps
 from tests.sft.test_sft_cli import sft_argv
 from tests.support import in_background, read_metrics
+from tests.support.processes import start_grpokit, wait_for_file
 
 STEPS = 6
 WAIT = 120  # seconds a start may take before the test fails (never hangs)
@@ -56,18 +56,13 @@ def _no_process_left():
 
 
 def start(tmp_path: Path, argv: list[str], name: str) -> tuple[subprocess.Popen, Path]:
-    log = tmp_path / f"{name}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "grpokit", *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    proc, log = start_grpokit(tmp_path, argv, name)
     STARTED.append(proc)
     return proc, log
 
 
 def wait_for(path: Path, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():
-        assert proc.poll() is None, f"grpokit exited with {proc.returncode} before {path} appeared"
-        assert time.monotonic() < deadline, f"no {path} after {WAIT} s"
-        time.sleep(0.02)
+    wait_for_file(path, proc, WAIT)
 
 
 def stop(proc: subprocess.Popen, signum: int) -> tuple[int, float]:

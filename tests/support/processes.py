@@ -54,3 +54,21 @@ def kill_after_checkpoint(argv: list[str], checkpoint: Path, timeout: float = 30
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+def start_grpokit(log_dir: Path, argv: list[str], name: str, **popen) -> tuple[subprocess.Popen, Path]:
+    """`python -m grpokit ARGV` in the background, stdout and stderr to `log_dir/NAME.log`: (process, log)."""
+    log = log_dir / f"{name}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT, **popen
+    )
+    return proc, log
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait until `path` exists; fail (never hang) if `proc` exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"grpokit exited with {proc.returncode} before {path} appeared"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.02)
