@@ -42,6 +42,15 @@ class Rollout:
         token_steps: per completion token, the weight step that produced it, when the engine loaded new
             weights while decoding it (streaming rollouts, grpokit.orchestrator.streaming); None when
             one step sampled it all. policy_step is then its oldest token's step.
+        finish_reason: why the completion ended (grpokit.inference.finish): "stop" (a natural stop),
+            "length" (max_tokens or the conversation's budget; is_truncated) or "abort" (cut before it
+            finished: never trained on, see grpokit.orchestrator.rollouts). None derives it from
+            is_truncated. A multi-turn rollout's is its last turn's.
+        turn_finish_reasons: a multi-turn rollout's finish reason of each assistant turn; None for a
+            single-turn one.
+        notes: text about the rollout for samples.jsonl, by name (a judge's reply: `judge/<name>/reply`,
+            grpokit.judges). An environment's scoring returns it among its metrics as a str, moved here
+            when the rollout is made, so that `metrics` holds numbers only.
     """
 
     example_id: int
@@ -61,8 +70,16 @@ class Rollout:
     is_expert: bool = False
     messages: list[dict] | None = None
     token_steps: list[int] | None = None
+    finish_reason: str | None = None
+    turn_finish_reasons: list[str] | None = None
+    notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if any(isinstance(v, str) for v in self.metrics.values()):
+            self.notes = {**self.notes, **{k: v for k, v in self.metrics.items() if isinstance(v, str)}}
+            self.metrics = {k: v for k, v in self.metrics.items() if not isinstance(v, str)}
+        if self.finish_reason is None:
+            self.finish_reason = "length" if self.is_truncated else "stop"
         n = len(self.completion_ids)
         if len(self.completion_logprobs) != n or len(self.completion_mask) != n:
             raise ValueError(

@@ -113,7 +113,7 @@ LAYERS = (
     ("plug-in API", {"", "types", "loss", "advantage", "filter", "noise", "kl", "normalization"}),
     ("common", {"common"}),
     ("plug-ins and their test kit", {"registry", "testing"}),
-    ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast", "sft"}),
+    ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast", "sft", "judges"}),
     ("environment plug-ins", {"envs"}),
     ("the recipe CLI", {"cli", "run"}),
     ("tools on the CLI", {"sweep", "bench", "evaluate", "export"}),
@@ -129,6 +129,7 @@ ROLE_EDGES = (
     ({"orchestrator"}, "grpokit.environments.*", "the producer drives the environments' turns and scores"),
     ({"orchestrator", "environments"}, "grpokit.inference", "rollouts are sampled from an InferenceEngine"),
     ({"orchestrator"}, "grpokit.inference.streams", "streaming rollouts run on the engine's GenerationStream"),
+    ({"orchestrator"}, "grpokit.inference.finish", "batch metrics count each finish reason the engines record"),
     ({"trainer", "orchestrator", "inference"}, "grpokit.broadcast", "weights go trainer -> engine via WeightBroadcast"),
     ({"inference"}, "grpokit.broadcast.nccl", "vLLM's worker extension is the NCCL broadcast's receiving end"),
     ({"trainer", "orchestrator"}, "grpokit.transport", "batches go orchestrator -> trainer through a Transport"),
@@ -139,6 +140,11 @@ ROLE_EDGES = (
     ({"sft"}, "grpokit.orchestrator.packing", "SFT examples are packed into micro-batches as rollouts are"),
     ({"orchestrator"}, "grpokit.sft.render", "Chord's SFT-dataset experts are rendered as `grpokit sft` renders"),
     ({"orchestrator"}, "grpokit.sft.sources", "Chord's SFT-dataset experts are read as `grpokit sft` reads them"),
+    ({"orchestrator"}, "grpokit.judges.*", "the producer adds the judge rewards a recipe gives its environments"),
+    ({"judges"}, "grpokit.environments.environment", "a judge's reward is added to an environment's rewards"),
+    ({"judges"}, "grpokit.inference", "an in-process judge samples with the engine's SamplingSettings"),
+    ({"judges"}, "grpokit.inference.builtin", "an in-process judge runs on a BuiltinEngine of its own"),
+    ({"judges"}, "grpokit.inference.remote", "the HTTP judge refuses redirects as RemoteEngine does"),
 )
 
 # Plug-ins import less than their layer: these layers, these modules, and their own package. An

@@ -6,6 +6,13 @@ when a noise scheduler is on, lie beside them in noisy_norms.safetensors (outsid
 the adapter stays loadable by anything that reads peft adapters). Readers only open folders that hold
 STABLE, so they never see a half-written step.
 
+Content checksums: STABLE holds {"step", "checksums": {file: crc32}} of the step's files, computed by
+the writer from the bytes it wrote (grpokit.common.checksums.bytes_checksum). `read` checks each file
+it loads against them, so a file damaged after it was published (bytes flipped, a bad copy) is a
+DamagedStepError naming the file and the step, never loaded into an engine; a step written by grpokit
+before 2026-11-29 (STABLE holds only the step) is read unchecked, with one warning. That the engine then
+holds what it read is checked by the engine's caller (grpokit.common.loaded_weights).
+
 Retention never deletes a step a reader may still be loading. A reader acknowledges in every
 `poll(after_step)` that it has finished loading `after_step` (callers pass the step their engine holds),
 by writing `broadcasts/acks/<reader>.json` before it lists the steps; it loads only steps newer than its
@@ -22,16 +29,19 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import mmap
 import os
 import shutil
 import socket
 import time
 from pathlib import Path
 
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
 from grpokit.broadcast import WeightBroadcast
-from grpokit.common.io import atomic_folder, atomic_save_tensors, atomic_write_json, atomic_write_text
+from grpokit.common.checksums import bytes_checksum
+from grpokit.common.errors import RunDataError
+from grpokit.common.io import atomic_folder, atomic_write_bytes, atomic_write_json, atomic_write_text
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -45,21 +55,44 @@ NORMS_FILE = "noisy_norms.safetensors"
 _READERS = itertools.count()
 
 
-class DamagedStepError(ValueError):
-    """A published step (STABLE written) with a file that cannot be read: cut short or corrupt."""
+_warned_unchecked = False  # a step without checksums was read: warned once per process
 
 
-def _load(path: Path) -> dict:
-    """The tensors of a safetensors file; an unreadable one is a DamagedStepError that names it
-    (safetensors' own error does not)."""
+class DamagedStepError(RunDataError):
+    """A published step (STABLE written) with a file that cannot be read: cut short or corrupt, or
+    not the bytes the writer published (checksum). A RunDataError: `grpokit` prints it as one line."""
+
+
+def _check(path: Path, data: bytes | mmap.mmap, checksums: dict | None, step: int) -> None:
+    """Raise DamagedStepError unless `data`, read from `path`, matches the checksum STABLE holds for it
+    (None: an unchecked step of an older grpokit)."""
+    if checksums is None:
+        return
+    actual, published = bytes_checksum(data), checksums.get(path.name)
+    if actual != published:
+        raise DamagedStepError(
+            f"FilesystemBroadcast step {step}: {path} is not what the trainer published (checksum {actual}, "
+            f"published {published}): the file was damaged after it was written; not loaded. Delete "
+            f"{path.parent} and resume the run from its newest checkpoint"
+        )
+
+
+def _load(path: Path, checksums: dict | None, step: int) -> dict:
+    """The tensors of a checked safetensors file; an unreadable one is a DamagedStepError that names it
+    (safetensors' own error does not). Parsed before the checksum is compared, so that a file cut short
+    reads as one; the checksum reads the file through a memory map (no copy: the pages it reads are
+    those the engine's load reads next)."""
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except FileNotFoundError:
         raise
     except Exception as e:  # safetensors raises SafetensorError for a truncated header or data
         raise DamagedStepError(
             f"{path} cannot be read ({type(e).__name__}: {e}): the file is cut short or corrupt"
         ) from e
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        _check(path, data, checksums, step)
+    return tensors
 
 
 class FilesystemBroadcast(WeightBroadcast):
@@ -93,18 +126,23 @@ class FilesystemBroadcast(WeightBroadcast):
         if (final / STABLE).exists():
             return  # already published (a resumed run re-publishing the same step)
         with atomic_folder(final, self.root / f".step_{update.step}.{os.getpid()}.tmp") as tmp:
-            self._write(tmp, update)  # a full disk, say: no half-written folder stays behind
-        atomic_write_text(final / STABLE, str(update.step))
+            checksums = self._write(tmp, update)  # a full disk, say: no half-written folder stays behind
+        atomic_write_text(final / STABLE, json.dumps({"step": update.step, "checksums": checksums}))
         self._prune(update.step)
 
-    def _write(self, folder: Path, update: WeightUpdate) -> None:
+    def _write(self, folder: Path, update: WeightUpdate) -> dict[str, str]:
+        """Write the update's files into `folder`; returns {file name: checksum of the bytes written}."""
+        files = {}
         if update.lora_config is not None:
-            atomic_save_tensors(folder / ADAPTER_FILE, update.tensors, metadata={"format": "pt"})
-            atomic_write_json(folder / ADAPTER_CONFIG, update.lora_config)
+            files[ADAPTER_FILE] = _safetensors_bytes(update.tensors)
+            files[ADAPTER_CONFIG] = json.dumps(update.lora_config, indent=2, sort_keys=True).encode()
         else:
-            atomic_save_tensors(folder / FULL_FILE, update.tensors, metadata={"format": "pt"})
+            files[FULL_FILE] = _safetensors_bytes(update.tensors)
         if update.norm_tensors:
-            atomic_save_tensors(folder / NORMS_FILE, update.norm_tensors, metadata={"format": "pt"})
+            files[NORMS_FILE] = _safetensors_bytes(update.norm_tensors)
+        for name, data in files.items():
+            atomic_write_bytes(folder / name, data)
+        return {name: bytes_checksum(data) for name, data in files.items()}
 
     def discard_after(self, step: int) -> None:
         """Also deletes the temp folders (`.step_N.<pid>.tmp`) of publishes a killed writer left half-done.
@@ -142,19 +180,42 @@ class FilesystemBroadcast(WeightBroadcast):
         return None
 
     def read(self, step: int) -> WeightUpdate:
-        """The update of a published step; a file of it that cannot be read (cut short, corrupt) is a
-        DamagedStepError naming the file (FileNotFoundError if it is gone)."""
+        """The update of a published step; a file of it that cannot be read (cut short, corrupt) or is not
+        the bytes the writer published (checksum) is a DamagedStepError naming the file and the step
+        (FileNotFoundError if it is gone)."""
         d = self.step_dir(step)
-        norms = _load(d / NORMS_FILE) if (d / NORMS_FILE).exists() else {}
+        checksums = self.checksums(step)
+        norms = _load(d / NORMS_FILE, checksums, step) if (d / NORMS_FILE).exists() else {}
         if (d / ADAPTER_FILE).exists():
+            raw = (d / ADAPTER_CONFIG).read_bytes()
             try:
-                config = json.loads((d / ADAPTER_CONFIG).read_text())
+                config = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise DamagedStepError(f"{d / ADAPTER_CONFIG} is not a JSON adapter config: {e}") from e
-            return WeightUpdate(
-                step=step, tensors=_load(d / ADAPTER_FILE), lora_config=config, path=str(d), norm_tensors=norms
-            )
-        return WeightUpdate(step=step, tensors=_load(d / FULL_FILE), path=str(d), norm_tensors=norms)
+            _check(d / ADAPTER_CONFIG, raw, checksums, step)
+            tensors = _load(d / ADAPTER_FILE, checksums, step)
+            return WeightUpdate(step=step, tensors=tensors, lora_config=config, path=str(d), norm_tensors=norms)
+        return WeightUpdate(step=step, tensors=_load(d / FULL_FILE, checksums, step), path=str(d), norm_tensors=norms)
+
+    def checksums(self, step: int) -> dict[str, str] | None:
+        """{file: checksum} that STABLE of `step` holds; None for a step an older grpokit wrote (STABLE
+        holds only the step number), read unchecked with one warning: a run resumed across the upgrade
+        loads the steps its trainer published before, which the trainer does not publish again."""
+        global _warned_unchecked
+        text = (self.step_dir(step) / STABLE).read_text()
+        if text.strip().isdigit():
+            if not _warned_unchecked:
+                _warned_unchecked = True
+                log.warning("broadcast step %d was written by grpokit before 2026-11-29: read without checksums", step)
+            return None
+        try:
+            marker = json.loads(text)
+            checksums = marker["checksums"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise DamagedStepError(f"{self.step_dir(step) / STABLE} is damaged: {text[:80]!r} ({e})") from e
+        if marker.get("step") != step or not isinstance(checksums, dict):
+            raise DamagedStepError(f"{self.step_dir(step) / STABLE} is not the marker of step {step}: {text[:80]!r}")
+        return checksums
 
     # ---- retention -------------------------------------------------------------------------------
     @property
@@ -200,3 +261,8 @@ class FilesystemBroadcast(WeightBroadcast):
         if self._acked is not None:
             self.ack_path.unlink(missing_ok=True)
             self._acked = None
+
+
+def _safetensors_bytes(tensors: dict) -> bytes:
+    """Tensors as safetensors bytes (no pickle), `format: pt` as peft and vLLM expect."""
+    return save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata={"format": "pt"})

@@ -19,6 +19,7 @@ def check_recipe(config, role: str = "fit") -> None:
     check_max_steps(config.trainer.max_steps, role)
     check_run_location(config.output_dir, config.run_name)
     check_lengths(config.data)
+    check_server_port(getattr(getattr(config, "server", None), "port", None))
     fill_seeds(config)
 
 
@@ -67,6 +68,15 @@ def check_lengths(data) -> None:
         raise ValueError(
             f"data.sampling.max_tokens ({max_tokens}) must be below data.seq_len ({data.seq_len}): a prompt and "
             "its completion are packed into seq_len tokens; raise data.seq_len or lower data.sampling.max_tokens"
+        )
+
+
+def check_server_port(port: int | None) -> None:
+    """server.port is a TCP port (1..65535): `grpokit infer` (and `grpokit fit` running vLLM itself) binds
+    it only after the model has loaded, where 70000 failed with socket's OverflowError traceback."""
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(
+            f"server.port must be a TCP port in [1, 65535], got {port}; set server.port to a free port (e.g. 8000)"
         )
 
 

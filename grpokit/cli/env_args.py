@@ -27,7 +27,7 @@ from jsonargparse import Namespace
 from grpokit.cli.recipe_files import CONFIG_FLAGS, read_recipe_file, recipe_flags
 
 ENV_KEYS = ("data.env", "data.eval.env")
-FIELD_DEFAULTS = {"args": {}, "name": None, "ratio": None, "env_args": {}}  # EnvSpec's fields but id
+FIELD_DEFAULTS = {"args": {}, "name": None, "ratio": None, "env_args": {}, "judge": None}  # EnvSpec's fields but id
 ABSENT, UNKNOWN = object(), object()  # a source that does not set the key; one grpokit cannot read
 
 

@@ -152,6 +152,24 @@ class _LogprobHead(torch.nn.Module):
         return (torch.stack(out, -1) if self.with_entropy else out)[None]
 
 
+class _RowsThenHead(torch.nn.Module):
+    """The head applied to the hidden states at `rows_K` only, picked with `index_select`.
+
+    transformers' own `logits_to_keep=rows` picks them with advanced indexing, whose backward on the CPU
+    adds repeated rows (a shared prefix tree node predicts one token per sequence that shares it) with
+    parallel atomic adds: with more than one thread the gradient's last bits then change from run to
+    run. `index_select`'s backward (`index_add`) sums them in a fixed order, so training reproduces at
+    any thread count (the same values either way; tests/common/test_logprobs.py).
+    """
+
+    def __init__(self, head: torch.nn.Module, rows_K: torch.Tensor):
+        super().__init__()
+        self.head, self.rows_K = head, rows_K
+
+    def forward(self, hidden_1TH: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden_1TH.index_select(1, self.rows_K.to(hidden_1TH.device)))
+
+
 @contextlib.contextmanager
 def _head_replaced(lm: torch.nn.Module, head: torch.nn.Module):
     """`lm`'s output-embedding child module replaced by `head` inside the block."""
@@ -233,14 +251,17 @@ def packed_token_logprobs(
     inputs = {"input_ids": model_ids[None], "position_ids": model_positions[None], "use_cache": False, **kwargs}
 
     if not _keeps_positions(lm):  # a model without logits_to_keep: full logits, then pick
-        out = _from_logits(model(**inputs).logits[0, rows_K], targets_K, temperature, with_entropy)
-    elif chunk_size > 0 and _supports_chunking(lm):
-        head = _LogprobHead(lm.get_output_embeddings(), targets_K, temperature, chunk_size, with_entropy, compile)
-        with _head_replaced(lm, head):
-            out_1K = model(**inputs, logits_to_keep=rows_K).logits
-        out = (out_1K[0, :, 0], out_1K[0, :, 1]) if with_entropy else out_1K[0]
-    else:
-        out = _from_logits(model(**inputs, logits_to_keep=rows_K).logits[0], targets_K, temperature, with_entropy)
+        out = _from_logits(model(**inputs).logits[0].index_select(0, rows_K), targets_K, temperature, with_entropy)
+    else:  # logits_to_keep=0 keeps every position; _RowsThenHead picks rows_K (see its docstring for why)
+        head = lm.get_output_embeddings()
+        if chunk_size > 0 and _supports_chunking(lm):
+            head = _LogprobHead(head, targets_K, temperature, chunk_size, with_entropy, compile)
+        with _head_replaced(lm, _RowsThenHead(head, rows_K)):
+            out_1K = model(**inputs, logits_to_keep=0).logits
+        if isinstance(head, _LogprobHead):
+            out = (out_1K[0, :, 0], out_1K[0, :, 1]) if with_entropy else out_1K[0]
+        else:
+            out = _from_logits(out_1K[0], targets_K, temperature, with_entropy)
 
     def scattered(values_K: torch.Tensor) -> torch.Tensor:
         """[K] values at the kept tokens, 0 elsewhere (differentiable)."""

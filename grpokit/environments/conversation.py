@@ -87,6 +87,7 @@ class Conversation:
     token_steps: list[int] = field(default_factory=list)  # per token in `ids`: the weight step that wrote it
     turn_ends: list[int] = field(default_factory=list)  # index in `ids` of each assistant turn's last token
     turn_rewards: list[float | None] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)  # each assistant turn's (grpokit.inference.finish)
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
@@ -109,6 +110,14 @@ class Conversation:
     def turns(self) -> int:
         return len(self.turn_ends)
 
+    @property
+    def finish_reason(self) -> str:
+        """The rollout's: "abort" when its last reply was aborted, else "length" when it ended truncated
+        (a reply at max_tokens, or the budget), else "stop"."""
+        if self.finish_reasons[-1:] == ["abort"]:
+            return "abort"
+        return "length" if self.is_truncated else "stop"
+
     def add_completion(self, completion: Completion, text: str) -> None:
         """Append an assistant turn: the engine's tokens and logprobs, trained on."""
         self.ids += completion.token_ids
@@ -117,6 +126,7 @@ class Conversation:
         self.policy_steps.append(completion.policy_step)
         self.token_steps += completion.token_steps or [completion.policy_step] * len(completion.token_ids)
         self.turn_ends.append(len(self.ids) - 1)
+        self.finish_reasons.append(completion.finish_reason)
         self.messages.append({"role": "assistant", "content": text})
 
     def add_environment(self, token_ids: list[int], messages: list[dict[str, Any]]) -> None:

@@ -39,7 +39,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpokit.common.errors import RunDataError
+from grpokit.environments.env_ids import check_taskset_module
 from grpokit.environments.episode_env import load_episode_env
+from grpokit.environments.finish import record_finish_reasons
 from grpokit.environments.toolsets import tool_sources
 
 MAX_ABS_REWARD = 1e6
@@ -59,6 +61,8 @@ class EnvSpec:
         env_args: the config fields of the environment's own verifiers `Env`, when it has one (an id
             `user-sim+reverse-text` pairs verifiers' Env `user-sim` with the taskset `reverse-text`, as
             verifiers names pairs), e.g. `{user: {max_turns: 4}}`; see grpokit.environments.episodes.
+        judge: a reward from a model added to the rubric's with a weight (`{kind, model, rubric, weight,
+            on_failure, ...}`: grpokit.judges.reward.JudgeSettings, docs/judges.md); null = none.
     """
 
     id: str
@@ -66,6 +70,7 @@ class EnvSpec:
     name: str | None = None
     ratio: float | None = None
     env_args: dict[str, Any] = field(default_factory=dict)
+    judge: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.ratio is not None and not (is_number(self.ratio) and math.isfinite(self.ratio) and self.ratio >= 0):
@@ -115,24 +120,38 @@ class Environment:
         if not self.examples:
             raise ValueError(f"environment {spec.id!r} has no examples with args {spec.args}")
 
-    def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
+    def score(
+        self, examples: list[Example], replies: list[str], finish_reasons: list[str] | None = None
+    ) -> list[tuple[float, dict[str, float]]]:
         """Reward each reply to its example with the taskset's rubric: (reward, metrics) per reply.
+        `finish_reasons`: each reply's, on its trace (grpokit.environments.finish).
 
         A reward function that raises or returns a non-finite value, a value past MAX_ABS_REWARD, None, a
         str or a bool is an error naming the env and example: training on a made-up reward would bias the
         run without a trace.
         """
-        return self._score_traces(examples, [make_trace(ex.task, reply) for ex, reply in zip(examples, replies)])
+        reasons = finish_reasons or [None] * len(replies)
+        traces = [
+            record_finish_reasons(make_trace(ex.task, reply), f and [f])
+            for ex, reply, f in zip(examples, replies, reasons)
+        ]
+        return self._score_traces(examples, traces)
 
     def score_conversations(
-        self, examples: list[Example], chats: list[list[dict[str, Any]]], states: list | None = None
+        self,
+        examples: list[Example],
+        chats: list[list[dict[str, Any]]],
+        states: list | None = None,
+        finish_reasons: list[list[str]] | None = None,
     ) -> list[tuple[float, dict[str, float]]]:
         """Reward each multi-turn rollout's whole chat (the prompt's messages, then the replies and the
         environment's messages) with the taskset's rubric, checked like `score`. `states`: each rollout's
-        verifiers State (its toolsets'), the rubric's `trace.state`; None for a fresh one."""
-        states = states or [None] * len(chats)
+        verifiers State (its toolsets'), the rubric's `trace.state`; None for a fresh one.
+        `finish_reasons`: each rollout's turns' (grpokit.environments.finish)."""
+        states, reasons = states or [None] * len(chats), finish_reasons or [None] * len(chats)
         traces = [
-            make_chat_trace(ex.task, chat, len(ex.messages), state) for ex, chat, state in zip(examples, chats, states)
+            record_finish_reasons(make_chat_trace(ex.task, chat, len(ex.messages), state), f)
+            for ex, chat, state, f in zip(examples, chats, states, reasons)
         ]
         return self._score_traces(examples, traces)
 
@@ -209,14 +228,14 @@ class UnscoredEnvironment(Environment):
     def __init__(self, env: Environment) -> None:
         self.spec, self.name, self.examples, self.episode_env = env.spec, env.name, env.examples, env.episode_env
 
-    def score(self, examples: list[Example], replies: list[str]) -> list[tuple[float, dict[str, float]]]:
+    def score(self, examples: list[Example], replies: list[str], finish_reasons=None) -> list[tuple[float, dict]]:
         return [(0.0, {}) for _ in replies]
 
     def checked_scores(self, examples: list[Example], traces: list, outcomes: list) -> list[tuple[float, dict]]:
         return [(0.0, {}) for _ in traces]
 
     def score_conversations(
-        self, examples: list[Example], chats: list[list[dict[str, Any]]], states: list | None = None
+        self, examples: list[Example], chats: list[list[dict[str, Any]]], states=None, finish_reasons=None
     ) -> list[tuple[float, dict[str, float]]]:
         return [(0.0, {}) for _ in chats]
 
@@ -278,6 +297,7 @@ def _load_taskset(spec: EnvSpec):
         if e.name != f"grpokit.envs.{module_name}":
             raise
         try:
+            check_taskset_module(spec.id, builtin_env_ids())  # `json`: not an environment, named with the fix
             return vf.load_environment(vf.resolve_env_config({"taskset": {"id": spec.id, **spec.args}})).taskset
         except ModuleNotFoundError as e2:
             raise ValueError(

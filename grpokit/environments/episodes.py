@@ -40,6 +40,7 @@ from typing import Any
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, over_budget
 from grpokit.environments.environment import make_chat_trace, prompt_messages
+from grpokit.environments.finish import record_finish_reasons
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
 
@@ -76,6 +77,7 @@ class Role:
     def trace(self):
         """The exchange so far as a verifiers Trace."""
         trace = make_chat_trace(self.task, self.conv.messages, self.num_prompt_messages)
+        record_finish_reasons(trace, self.conv.finish_reasons)  # each reply's, as grpokit's own rubrics see them
         trace.agent.name, trace.agent.trainable = self.agent.name, self.agent.trainable
         return trace
 
@@ -103,8 +105,8 @@ class Role:
         self.conv.add_completion(completion, text)
         self.conv.turn_rewards.append(None)
         self._last_reply = completion.token_ids
-        if completion.is_truncated:
-            self.over = self.conv.is_truncated = True
+        if completion.finish_reason != "stop":  # cut at max_tokens, or aborted: the exchange ends
+            self.over, self.conv.is_truncated = True, completion.is_truncated
         return Segment(messages=[_vf().AssistantMessage(content=text)])
 
     def _extend(self, new: list[dict[str, str]]) -> bool:

@@ -11,13 +11,16 @@ The budget: a turn starts only if the conversation plus `max_tokens` fits `seq_l
 context); otherwise the rollout ends at the turn boundary before it, marked truncated, so the trained
 sequence holds whole turns. An environment turn too long to fit is told from its characters before it
 is rendered (grpokit.environments.conversation.over_budget: logged, counted in env/oversized_turns). A
-turn that hits max_tokens without a stop ends the rollout, truncated.
+turn that hits max_tokens without a stop ends the rollout, truncated; a turn the engine aborted ends it
+too, and the rollout is scored (its trace says "abort") but not trained on (grpokit.environments.finish).
+Each turn's finish reason is kept (Rollout.turn_finish_reasons).
 """
 
 from __future__ import annotations
 
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite, over_budget
+from grpokit.environments.finish import masked_if_aborted
 from grpokit.types import Rollout
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
@@ -26,9 +29,9 @@ SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t 
 def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
     """Record the model's reply, then the environment's answer, or end the conversation."""
     conv.add_completion(completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True))
-    if completion.is_truncated:  # a reply cut at max_tokens ends the rollout; a game's turn then earns 0
+    if completion.finish_reason != "stop":  # a reply cut (max_tokens, an abort) ends the rollout; a game's turn earns 0
         conv.turn_rewards.append(0.0 if callable(getattr(conv.example.task, "respond", None)) else None)
-        conv.done = conv.is_truncated = True
+        conv.done, conv.is_truncated = True, completion.is_truncated
         return
     last = conv.turns >= int(getattr(conv.example.task, "max_turns", None) or max_turns)
     answer = environment_turn(conv, last_turn=last)
@@ -62,7 +65,9 @@ def conversation_rollouts(
             continue
         states = [c.toolsets.state if c.toolsets is not None else None for c in group]
         with_states = {"states": states} if any(s is not None for s in states) else {}  # the toolsets' State
-        group_scores = env.score_conversations([c.example for c in group], [c.messages for c in group], **with_states)
+        reasons = [c.finish_reasons for c in group]  # each turn's, on its trace (grpokit.environments.finish)
+        examples, chats = [c.example for c in group], [c.messages for c in group]
+        group_scores = env.score_conversations(examples, chats, **with_states, finish_reasons=reasons)
         out.append(_rollouts(group, group_scores, first_group_id + g, tokenizer))
     return out
 
@@ -72,6 +77,7 @@ def _rollouts(group: list[Conversation], scores: list, group_id: int, tokenizer)
     rollouts = []
     for conv, (reward, metrics) in zip(group, scores):
         logprobs, mask, metrics = masked_if_nonfinite(conv.logprobs, conv.mask, metrics, env.name, ex.index)
+        mask = masked_if_aborted(mask, conv.finish_reason, env.name, ex.index)  # an aborted last turn: not trained
         rewarded = any(r is not None for r in conv.turn_rewards)
         per_turn = [0.0 if r is None else float(r) for r in conv.turn_rewards] if rewarded else None
         rollouts.append(
@@ -92,6 +98,8 @@ def _rollouts(group: list[Conversation], scores: list, group_id: int, tokenizer)
                 step_ends=conv.turn_ends if per_turn else None,
                 messages=conv.messages,
                 token_steps=conv.token_steps if len(set(conv.token_steps)) > 1 else None,
+                finish_reason=conv.finish_reason,
+                turn_finish_reasons=list(conv.finish_reasons),
             )
         )
     return rollouts

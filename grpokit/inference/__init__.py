@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from grpokit.inference.finish import FINISH_REASONS, server_finish_reason  # noqa: F401 (engines import them here)
 from grpokit.types import WeightUpdate
 
 # Logits are divided by the temperature and (for repeated tokens) scaled by the penalty in float32: a
@@ -96,13 +97,16 @@ class SamplingSettings:
 
 @dataclass
 class Completion:
-    """One sampled completion: token ids, their logprobs, and whether it was cut at max_tokens.
+    """One sampled completion: token ids, their logprobs, and why it ended (`finish_reason`).
 
     `top_logprobs`: per token, the k most likely (token id, logprob) pairs of the distribution its logprob
     is of, most likely first; None unless a server's request asked for them (ServingOptions.top_logprobs).
     `token_steps`: per token, the weight step whose weights produced it, when a streaming engine loaded
     new weights while the completion was being decoded (grpokit.inference.streams); None when one step
     sampled it all (`policy_step`). `policy_step` is always the oldest token's step.
+    `finish_reason`: one of FINISH_REASONS; None derives it from `is_truncated` ("length" or "stop"), so
+    an engine that only knows stop from max_tokens records both. `is_truncated` is then `finish_reason ==
+    "length"`: an aborted completion is not truncated, and not a natural stop either.
     """
 
     token_ids: list[int]
@@ -111,15 +115,34 @@ class Completion:
     policy_step: int
     top_logprobs: list[list[tuple[int, float]]] | None = None
     token_steps: list[int] | None = None
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "length" if self.is_truncated else "stop"
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        self.is_truncated = self.finish_reason == "length"
+
+    @classmethod
+    def aborted(cls, policy_step: int) -> Completion:
+        """The empty completion of a request cancelled before it was decoded: "abort", not a stop."""
+        return cls([], [], False, policy_step, finish_reason="abort")
 
     @classmethod
     def from_steps(
-        cls, token_ids: list[int], logprobs: list[float], is_truncated: bool, steps: list[int]
+        cls,
+        token_ids: list[int],
+        logprobs: list[float],
+        is_truncated: bool,
+        steps: list[int],
+        finish_reason: str | None = None,
     ) -> Completion:
         """A streamed completion whose token i came from weight step steps[i]: policy_step is the oldest
         token's, and token_steps is kept only when the steps differ."""
         mixed = len(set(steps)) > 1
-        return cls(token_ids, logprobs, is_truncated, min(steps), token_steps=list(steps) if mixed else None)
+        token_steps = list(steps) if mixed else None
+        return cls(token_ids, logprobs, is_truncated, min(steps), token_steps=token_steps, finish_reason=finish_reason)
 
 
 @dataclass
@@ -223,6 +246,12 @@ class InferenceEngine(ABC):
         sha256 when the engine holds exactly the published weights. Optional; the server's
         `GET /v1/weights?sha256=true` reports it."""
         raise NotImplementedError(f"{type(self).__name__} cannot checksum its weights")
+
+    def loaded_tensors(self, update: WeightUpdate) -> dict | None:
+        """The engine's weights under the names `update` uses (its `tensors`, and its `norm_tensors`' base-model
+        names), live, not copied: grpokit.common.loaded_weights compares them with the update after every load.
+        None (this default): the engine cannot show them (vLLM, remote servers), and is not checked."""
+        return None
 
     def close(self) -> None:
         """Free the model and any server."""

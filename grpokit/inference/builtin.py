@@ -181,6 +181,17 @@ class BuiltinEngine(InferenceEngine):
             return tensors_sha256(get_peft_model_state_dict(self.model))
         return tensors_sha256(self.model.state_dict())
 
+    def loaded_tensors(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        """The peft adapter (the trainer's `get_peft_model_state_dict` names) and the RMSNorm weights
+        (base-model names) with a LoRA update; the whole state dict (norms included) with a full one."""
+        if update.lora_config is None:
+            return self.model.state_dict()
+        if not hasattr(self.model, "peft_config"):
+            return norm_weights(self.model)  # no adapter loaded at all: every adapter name is missing
+        from peft import get_peft_model_state_dict
+
+        return {**get_peft_model_state_dict(self.model), **norm_weights(self.model)}
+
     def context_length(self) -> int | None:
         return self.max_model_len
 
@@ -241,7 +252,7 @@ class BuiltinEngine(InferenceEngine):
                 completions += [
                     Completion(r.token_ids, r.logprobs, not r.done, self.weight_step, r.top_logprobs) for r in rows
                 ]
-            completions += [Completion([], [], True, self.weight_step) for _ in flat[len(completions) :]]  # cancelled
+            completions += [Completion.aborted(self.weight_step) for _ in flat[len(completions) :]]  # cancelled
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _stop_token_ids(self, sampling: SamplingSettings) -> set[int]:
@@ -282,7 +293,7 @@ class BuiltinEngine(InferenceEngine):
                 cancelled=options.is_cancelled if options is not None else None,
                 on_done=on_done,
             )
-        return [Completion(*(r or ([], [], True)), self.weight_step) for r in results]
+        return [Completion(*r, self.weight_step) if r else Completion.aborted(self.weight_step) for r in results]
 
     @contextlib.contextmanager
     def _own_stream(self):

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
+from grpokit.inference.finish import server_finish_reason
 from grpokit.inference.streams import ConcurrentStream, GroupRequest
 
 if TYPE_CHECKING:
@@ -230,11 +231,15 @@ class InterruptingStream(ConcurrentStream):
 
     @staticmethod
     def _take(segment: Segment, live: list[_Row], url: str) -> None:
-        """A segment's tokens onto the rows its choices answer (choice i: live[i])."""
+        """A segment's tokens onto the rows its choices answer (choice i: live[i]). A choice the server
+        aborted (vLLM's finish_reason "abort" or "error") is unfinished, not stopped: the segment counts as
+        cut and the row is continued like one a lost connection cut (at most max_retries times in a row)."""
         for index, choice in segment.choices.items():
             if index >= len(live):
                 raise ValueError(f"inference server {url} streamed choice {index} of a {len(live)}-choice request")
             live[index].extend(choice, segment.weight_step)
+            if choice.finish_reason is not None and server_finish_reason(choice.finish_reason) == "abort":
+                live[index].finish_reason, segment.cut = None, True
         if not segment.cut and (unfinished := [i for i, r in enumerate(live) if r.finish_reason is None]):
             raise ValueError(f"inference server {url} ended its answer with choices {unfinished} unfinished")
 
@@ -271,4 +276,6 @@ class InterruptingStream(ConcurrentStream):
         checked = self.engine._completion(choice, {"weight_step": row.steps[0] if row.steps else None}, sampling)
         if not row.steps:
             return checked
-        return Completion.from_steps(checked.token_ids, checked.logprobs, checked.is_truncated, row.steps)
+        return Completion.from_steps(
+            checked.token_ids, checked.logprobs, checked.is_truncated, row.steps, checked.finish_reason
+        )

@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from transformers import AutoTokenizer
@@ -39,7 +39,7 @@ from transformers import AutoTokenizer
 from grpokit.common.errors import RunDataError
 from grpokit.common.models import resolve_model
 from grpokit.common.waits import check_seconds
-from grpokit.inference import Completion, InferenceEngine, SamplingSettings
+from grpokit.inference import Completion, InferenceEngine, SamplingSettings, server_finish_reason
 from grpokit.types import WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,8 @@ class RemoteEngine(InferenceEngine):
         self._runs_checked: set[str] = set()  # servers whose run (GET /v1/weights) was checked against run_name
         self._run_lock = threading.Lock()
         self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
+        self._lanes: dict[str, ThreadPoolExecutor] = {}  # data.deterministic: one sender per server (send_in_order)
+        self._lanes_lock = threading.Lock()
 
     def setup(self, model: str) -> None:
         self._headers = {"Content-Type": "application/json"}
@@ -134,20 +136,25 @@ class RemoteEngine(InferenceEngine):
 
     def served_weight_step(self, upto: int | None = None) -> int:
         """The oldest weights any server holds (each loads the newest published step first, or the newest
-        up to `upto`): every server samples with weights of at least this step."""
+        up to `upto`): every server samples with weights of at least this step. With pin_weights each
+        server is asked on its lane, after the requests sent to it before (a deterministic stream's ask
+        for older steps, which the server would refuse once it holds a newer one)."""
+        if self.pin_weights:
+            asks = [self._lane(url).submit(self._weight_step_of, url, upto) for url in self.base_urls]
+            return min(ask.result() for ask in asks)
         return min(self._weight_step_of(url, upto) for url in self.base_urls)
 
     def _weights_endpoint(self, upto: int | None) -> str:
         return "weights" if upto is None else f"weights?max_weight_step={int(upto)}"
 
-    def _check_run(self, url: str) -> None:
+    def _check_run(self, url: str, upto: int | None = None) -> None:
         """Once per server, before its first request (the worker threads wait for the one that asks):
         refuse a grpokit server of another run. A server whose /v1/weights names no run (vLLM, another
-        OpenAI-compatible server: an HTTP error or another answer) passes."""
+        OpenAI-compatible server: an HTTP error or another answer) passes. `upto`: the request's
+        max_weight_step, so the check loads no newer weights than the request asks for."""
         with self._run_lock:
             if url in self._runs_checked:
                 return
-            upto = max(self.weight_step, 0) if self.pin_weights else None
             try:
                 answer = json.loads(self._call(url, self._weights_endpoint(upto)))
             except (RemoteError, json.JSONDecodeError):
@@ -214,11 +221,19 @@ class RemoteEngine(InferenceEngine):
         """One request per group, max_concurrency in flight, each group back as it is answered. `continue`
         and `regenerate`: a weight update aborts the requests in flight and resubmits their continuations
         (grpokit.inference.interrupting.InterruptingStream); `finish`: they finish with the weights they
-        were sent with, and the update applies to the requests sent after it (ConcurrentStream)."""
+        were sent with, and the update applies to the requests sent after it (ConcurrentStream).
+        With pin_weights (data.deterministic) the stream reproduces bit for bit instead: each server's
+        requests in submission order, `finish` semantics, groups back in submission order
+        (grpokit.inference.ordered.OrderedStream)."""
         from grpokit.inference.interrupting import InterruptingStream
+        from grpokit.inference.ordered import OrderedStream
         from grpokit.inference.streams import ConcurrentStream
 
         self._vocabulary()
+        if self.pin_weights:
+            if on_update != "finish":
+                log.info("data.deterministic: requests finish on the weights they were sent with (on_update: finish)")
+            return OrderedStream(self, sampling, max_rows)
         if on_update == "finish":
             return ConcurrentStream(self, sampling, max_rows, self.max_concurrency)
         return InterruptingStream(self, sampling, max_rows, self.max_concurrency, on_update)
@@ -243,19 +258,20 @@ class RemoteEngine(InferenceEngine):
         data.deterministic. A server answers its requests one at a time anyway, and what it computes for
         one may depend on those before it (the builtin engine's prefix cache), so the arrival order is
         part of what must repeat."""
-        by_url: dict[str, list[int]] = {}
-        for i, (url, _) in enumerate(requests):
-            by_url.setdefault(url, []).append(i)
-        answers: list[dict | None] = [None] * len(requests)
+        return [future.result() for future in [self.send_in_order(url, body) for url, body in requests]]
 
-        def post_all(indices: list[int]) -> None:
-            for i in indices:
-                answers[i] = self._post(requests[i])
+    def send_in_order(self, url: str, body: dict) -> Future:
+        """POST `body` to `url` on that server's lane: after every request sent there before, from any
+        caller (a whole batch, an OrderedStream, an evaluation), so a server's arrival order is the
+        order of these calls. The answer (`_post`) as a future."""
+        return self._lane(url).submit(self._post, (url, body))
 
-        with ThreadPoolExecutor(max_workers=max(1, len(by_url))) as pool:
-            for future in [pool.submit(post_all, indices) for indices in by_url.values()]:
-                future.result()
-        return answers
+    def _lane(self, url: str) -> ThreadPoolExecutor:
+        """The one thread that sends `url`'s requests in order (made at its first request)."""
+        with self._lanes_lock:
+            if url not in self._lanes:
+                self._lanes[url] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-lane")
+            return self._lanes[url]
 
     def _group(self, url: str, answer: dict, n: int, sampling: SamplingSettings) -> list[Completion]:
         """The n completions of one prompt's answer, each checked; a ValueError names the server and the fault."""
@@ -320,7 +336,8 @@ class RemoteEngine(InferenceEngine):
             raise ValueError(f"weight_step must be an integer or absent, got {step!r}")
         served = self.weight_step if step is None else step  # a local: concurrent requests (streams) answer apart
         self.server_weight_step = served
-        return Completion(token_ids, [float(x) for x in logprobs], choice.get("finish_reason") == "length", served)
+        reason = server_finish_reason(choice.get("finish_reason"))  # vLLM's "abort" is no natural stop
+        return Completion(token_ids, [float(x) for x in logprobs], reason == "length", served, finish_reason=reason)
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
         url, body = url_body
@@ -368,7 +385,7 @@ class RemoteEngine(InferenceEngine):
         asks, up to 60 s), then reported with an error naming it. Redirects are refused, never followed.
         """
         if self.run_name is not None and not endpoint.startswith("weights") and url not in self._runs_checked:
-            self._check_run(url)
+            self._check_run(url, body.get("max_weight_step") if body is not None else None)
         if body is not None and "max_weight_step" in body and url not in self._grpokit_servers:
             body = {k: v for k, v in body.items() if k != "max_weight_step"}  # grpokit's field: not for vLLM & co
         data = None if body is None else json.dumps(body).encode()

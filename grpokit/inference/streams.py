@@ -13,7 +13,9 @@ returns the groups that finished), `load_weights` between two advances. An engin
 - RemoteEngine (`grpokit infer`) and VLLMEngine: ConcurrentStream below, one request per group in
   flight at once, each group back as its request is answered. A weight update aborts the requests in
   flight and resubmits their continuations with the new weights (grpokit.inference.interrupting), or,
-  with `on_update: finish`, applies to the requests sent after it.
+  with `on_update: finish`, applies to the requests sent after it. With data.deterministic
+  (RemoteEngine.pin_weights) they open grpokit.inference.ordered.OrderedStream instead: each server's
+  requests in submission order, never cut, the groups back in that order.
 - Every other engine: BatchedStream below, which runs each advance's queued groups as one `generate`,
   so weights change only between whole batches.
 

@@ -16,7 +16,10 @@ verifiers Env episodes alike); what differs between the two modes is only when p
 Written once for both:
 - Prompts come in blocks (`prompts.take(block)`, env ratios and easy/hard pools included), block b
   sampled with seed `sampling.seed * 1_000_003 + b` when it starts an idle stream, group ids
-  `b * prompts_per_block + i`; too-long prompts are skipped and counted.
+  `b * prompts_per_block + i` (a prompt's position in the data order); too-long prompts are skipped and
+  counted. grpokit.orchestrator.accounting records where every position went; a resumed stream
+  continues at the first position no earlier step accounted for (`resume`), not at its generation's
+  block: a killed stream had drawn ahead, and its prompts in flight were never trained.
 - The async bound and the weights (grpokit.orchestrator.weights.WeightSchedule): a group is submitted
   only once the engine holds the weights of the generation it will land in (counted from the groups
   ready and in flight, as AReaL counts its staleness). With `data.deterministic` (the default) that is
@@ -35,6 +38,7 @@ through `generate` (grpokit.inference.streams.BatchedStream), whose requests go 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import replace
@@ -72,6 +76,9 @@ class RolloutDriver:
         self.too_long = 0
         self.blocks_without_prompt = 0  # consecutive prompt blocks whose every prompt was too long
         self.generation = 0
+        self.inflight: set[int] = set()  # positions (group ids) submitted, not finished
+        self.skipped: dict[str, list[int]] = {}  # too_long / unused_round positions since the last hand-out
+        self.resumed: set[int] | None = None  # streaming resume: positions earlier steps accounted for
 
     def select_groups(self, generation: int) -> tuple[Groups, Groups, int]:
         """(every group finished for `generation` since the last hand-out, the groups it trains on in
@@ -89,6 +96,30 @@ class RolloutDriver:
         (stream.load_weights if stream is not None else self.loop.engine.load_weights)(update)
         inflight = stream.inflight if stream is not None else 0
         record_timeline(self.loop.run_dir, "weights", update.step, start, time.time(), inflight=inflight)
+
+    def resume(self, accounted: set[int]) -> None:
+        """Streaming: continue at the first position no earlier step accounted for, skipping the later ones
+        that were (a killed stream had drawn ahead; the prompts it had in flight are drawn again)."""
+        if self.streaming is not None:
+            self.resumed = accounted
+
+    def take_skipped(self) -> dict[str, list[int]]:
+        """The positions skipped as too long or in unused rounds since the last call (prompts.jsonl)."""
+        skipped, self.skipped = self.skipped, {}
+        return {rule: positions for rule, positions in skipped.items() if positions}
+
+    def leftover(self) -> list[int]:
+        """Positions drawn and not handed out: in flight, finished and waiting, or queued (the run's end)."""
+        waiting = [g[0].group_id for g in self.ready + self.dropped] + [p.group_id for p in self.prompts]
+        return sorted(self.inflight | set(waiting))
+
+    def _first_block(self) -> int:
+        """The block a stream starts at: its generation's first, or on a resume the one holding the first
+        position that no earlier step accounted for."""
+        if self.resumed is None:
+            return self.generation * self.loop.settings.buffer.rounds
+        first = next(p for p in itertools.count() if p not in self.resumed)
+        return first // self.loop.prompts_per_block()
 
     def close(self) -> None:
         if self.play is not None:
@@ -114,6 +145,9 @@ class RolloutDriver:
             kept += sorted(self.ready, key=lambda g: g[0].group_id)
             self.ready, self.dropped = [], []
             if len(kept) >= self.needed:
+                per_block, rounds = loop.prompts_per_block(), loop.settings.buffer.rounds
+                first, end = (generation * rounds + round_ + 1) * per_block, (generation + 1) * rounds * per_block
+                self.skipped.setdefault("unused_round", []).extend(range(first, end))  # reserved, never drawn
                 break
         if not generated and too_long:  # nothing to train on or describe: one line naming the keys
             raise RunDataError(self._none_fits(f"generation {generation}: all {too_long} prompts"))
@@ -155,7 +189,7 @@ class RolloutDriver:
                 schedule.wait(step, loop.stopping, loop.announce, self.load)
             while not self.prompts:
                 if self.next_block is None:
-                    self.next_block = self.generation * loop.settings.buffer.rounds
+                    self.next_block = self._first_block()
                 block, skipped = self._block(self.next_block)
                 self.next_block, self.too_long = self.next_block + 1, self.too_long + skipped
                 self.prompts.extend(block)
@@ -168,13 +202,17 @@ class RolloutDriver:
         too long."""
         loop = self.loop
         per_block = loop.prompts_per_block()
-        prompts, ids, skipped = split_by_length(
-            loop.tokenizer, loop.prompts.take(block, per_block), loop.prompt_limit, warn=max(0, 3 - self.too_long)
-        )
+        items = loop.prompts.take(block, per_block)
+        warn = max(0, 3 - self.too_long)
+        prompts, ids, skipped = split_by_length(loop.tokenizer, items, loop.prompt_limit, warn=warn)
         self._check_some_prompt_fits(bool(prompts), per_block)
         seed = loop.block_seed(block)
-        first = block * per_block
-        pending = [PendingGroup(env, ex, p, first + g, seed) for g, ((env, ex), p) in enumerate(zip(prompts, ids))]
+        first, places = block * per_block, fitting_places(items, prompts)
+        too_long = sorted(set(range(first, first + len(items))) - {first + i for i in places})
+        self.skipped.setdefault("too_long", []).extend(p for p in too_long if p not in (self.resumed or ()))
+        pending = [PendingGroup(env, ex, p, first + i, seed) for i, (env, ex), p in zip(places, prompts, ids)]
+        if self.resumed:  # a resumed stream: what earlier steps accounted for is not drawn again
+            pending = [p for p in pending if p.group_id not in self.resumed]
         return pending, skipped
 
     def _check_some_prompt_fits(self, any_fit: bool, per_block: int) -> None:
@@ -196,12 +234,14 @@ class RolloutDriver:
 
     def _submit(self, pending: PendingGroup) -> None:
         pending.submitted = time.time()
+        self.inflight.add(pending.group_id)
         self.play.submit(pending)
 
     def _finish_all(self, completed: list[tuple[PendingGroup, list[Rollout]]]) -> None:
         """Completed groups: the pools, dynamic sampling (buffer.keep), the timeline."""
         loop, keep = self.loop, self.loop.settings.buffer.keep
         for p, rollouts in completed:
+            self.inflight.discard(p.group_id)
             rewards = [r.reward for r in rollouts]
             if loop.pools is not None:
                 loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
@@ -236,3 +276,16 @@ class RolloutDriver:
     def _check_stopping(self) -> None:
         if self.loop.stopping.is_set():
             raise RuntimeError("orchestrator stopped while sampling rollouts")
+
+
+def fitting_places(items: list, fitting: list) -> list[int]:
+    """The index in `items` of each of `fitting` (an order-kept subsequence of it, as split_by_length
+    returns): a prompt's place in its block, so a group's id is its position in the data order even
+    when prompts before it were too long."""
+    places, i = [], 0
+    for env, ex in fitting:
+        while items[i][0] is not env or items[i][1] is not ex:
+            i += 1
+        places.append(i)
+        i += 1
+    return places

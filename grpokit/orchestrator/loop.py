@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +25,8 @@ from grpokit.common.timeline import record_timeline
 from grpokit.environments.environment import UnscoredEnvironment
 from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
+from grpokit.judges import attach_run
+from grpokit.orchestrator.accounting import RECORD, accounted_before, append_record, read_records, repair, step_record
 from grpokit.orchestrator.driver import RolloutDriver
 from grpokit.orchestrator.evaluation import Evaluator
 from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
@@ -53,6 +55,7 @@ class Generation:
     gen_time: float
     eval_metrics: dict[str, float]
     prompts_too_long: int = 0
+    skipped: dict[str, list[int]] = field(default_factory=dict)  # positions never sampled, by rule (accounting)
 
 
 class RolloutLoop:
@@ -95,9 +98,10 @@ class RolloutLoop:
             settings.weights_timeout or settings.timeout,
             "data.weights_timeout" if settings.weights_timeout else "data.timeout",
         )
-        if hasattr(engine, "pin_weights"):  # RemoteEngine: a whole-batch request asks for at most the step held
-            engine.pin_weights = settings.deterministic and settings.streaming is None
+        if hasattr(engine, "pin_weights"):  # RemoteEngine: each request asks for at most the step held, in order
+            engine.pin_weights = settings.deterministic
         scored = inputs.training
+        attach_run([*scored, *(inputs.evaluation or [])], self.run_dir)  # judges' replies kept for a resume
         self.envs = [UnscoredEnvironment(env) for env in scored] if settings.buffer.skip_verification else scored
         self.pools = self._restored_pools(run.restore_buffer)
         self.prompts = self._prompt_sampler()
@@ -153,9 +157,12 @@ class RolloutLoop:
 
     def run(self, first_step: int | None = None) -> None:
         """Produce and send the batches of steps first_step (default start_step) .. max_steps - 1; then
-        close the stream of data.streaming (groups sampled ahead for later steps are dropped)."""
+        close the stream of data.streaming (groups sampled ahead for later steps are dropped, and named
+        in prompts.jsonl's closing line: grpokit.orchestrator.accounting)."""
+        first = self.start_step if first_step is None else first_step
+        self._resume_accounting(first)
         try:
-            for step in range(self.start_step if first_step is None else first_step, self.max_steps):
+            for step in range(first, self.max_steps):
                 if self.stopping.is_set():
                     return
                 batch = self.make_batch(step)
@@ -169,12 +176,26 @@ class RolloutLoop:
                         m["groups_trained"],
                         m["gen_time"],
                     )
+            if first < self.max_steps:
+                append_record(self.run_dir, {"step": None, "unfinished": self.driver.leftover()})
         finally:
             self.driver.close()
 
+    def _resume_accounting(self, first: int) -> None:
+        """Cut a killed writer's partial line of prompts.jsonl; a resumed stream continues at the first
+        prompt the steps before `first` did not account for (RolloutDriver.resume)."""
+        repair(self.run_dir)
+        if not first:
+            return
+        records, _ = read_records(self.run_dir)
+        if all(s in records for s in range(first)):
+            self.driver.resume(accounted_before(self.run_dir, first))
+        elif self.settings.streaming is not None:
+            log.warning("%s lacks steps before %d: the stream resumes at its generation's block", RECORD, first)
+
     def make_batch(self, step: int) -> TrainingBatch:
         """The batch of `step`: its share of its generation's groups, advantages, filter flags, metrics, packed."""
-        index, chunk, _ = self.shape.locate(step)
+        index, chunk, iteration = self.shape.locate(step)
         gen = self._generation(index)
         wall_start = time.time()
         per_step = self.shape.prompts_per_step
@@ -201,6 +222,8 @@ class RolloutLoop:
         if self.settings.streaming is not None:  # rollouts whose tokens came from more than one weight step
             metrics["mixed_weight_rollouts"] = sum(r.token_steps is not None for r in all_rollouts) / len(all_rollouts)
         self._log_samples(step, all_rollouts)
+        record = step_record(step, gen, iteration, groups, chunk_groups, self.settings.buffer.keep, fresh)
+        append_record(self.run_dir, {**record, "reward": metrics["reward"]})
         temperature = self.temperature(index) or 1.0
         micro_batches = self._pack(step, groups, rollouts, flags, metrics, temperature)
         policy_step = min(r.policy_step for r in all_rollouts)
@@ -217,7 +240,8 @@ class RolloutLoop:
             eval_metrics = self.evaluator.maybe_run(self.engine, self.tokenizer) if self.evaluator else {}
             start = time.perf_counter()
             generated, kept, too_long = self.driver.select_groups(index)
-            self.generation = Generation(index, generated, kept, time.perf_counter() - start, eval_metrics, too_long)
+            elapsed, skipped = time.perf_counter() - start, self.driver.take_skipped()
+            self.generation = Generation(index, generated, kept, elapsed, eval_metrics, too_long, skipped)
         return self.generation
 
     def _pack(self, step: int, groups, rollouts, flags, metrics, temperature: float) -> list:
@@ -276,10 +300,15 @@ class RolloutLoop:
                     "example_id": r.example_id,
                     "policy_step": r.policy_step,
                     "reward": r.reward,
+                    "finish_reason": r.finish_reason,  # stop, length or abort (grpokit.inference.finish)
                     "completion": r.completion_text,
                 }
+                if r.turn_finish_reasons is not None:
+                    sample["turn_finish_reasons"] = r.turn_finish_reasons
                 if r.messages is not None:  # a multi-turn rollout: the whole chat, tool calls and results
                     sample["messages"] = r.messages
+                if r.notes:  # e.g. a judge's reply, or a classifier's score (grpokit.judges)
+                    sample["notes"] = r.notes
                 f.write(json.dumps(sample) + "\n")
 
 

@@ -19,6 +19,8 @@ from grpokit.common.waits import check_seconds
 from grpokit.environments.environment import Environment, EnvSpec, check_unique_names
 from grpokit.filter import Filter
 from grpokit.inference import SamplingSettings
+from grpokit.judges import judged
+from grpokit.judges.cache import JudgeCache
 from grpokit.orchestrator.batching import BatchShape, check_group_size, resolve_batch_shape
 from grpokit.orchestrator.buffer import BufferSettings
 from grpokit.orchestrator.evaluation import EvalSettings
@@ -174,11 +176,13 @@ def load_inputs(settings: RolloutSettings, tokenizer) -> RolloutInputs:
     """Load the training and eval environments and data.expert's source (an SFT dataset read and
     rendered), and give the filters the policy's tokenizer. Call it once a run (the filters learn the
     vocabulary; grpokit.orchestrator.Orchestrator.prepare keeps what it returns), before the engine loads
-    the model, so a bad dataset or filter setting stops the start in seconds, as one line naming it."""
-    training = [Environment(spec) for spec in settings.env_specs]
+    the model, so a bad dataset or filter setting stops the start in seconds, as one line naming it.
+    An environment with a `judge` gets its judge reward (grpokit.judges; the judges share one cache)."""
+    cache = JudgeCache()
+    training = [judged(Environment(spec), cache) for spec in settings.env_specs]
     evaluation = None
     if settings.eval_settings is not None and settings.eval_settings.env:
-        evaluation = [Environment(spec) for spec in settings.eval_settings.env]
+        evaluation = [judged(Environment(spec), cache) for spec in settings.eval_settings.env]
     for f in settings.filters:
         f.connect(tokenizer)
     experts = None

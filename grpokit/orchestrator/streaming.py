@@ -23,7 +23,8 @@ class StreamingSettings:
             "continue" (partial rollouts: later tokens come from the new weights, each token records
             its weight step), "regenerate" (they restart from their prompts with the new weights), or,
             with a server engine (RemoteEngine, VLLMEngine), "finish" (they end on the weights they
-            began with; the update applies to the groups sent after it).
+            began with; the update applies to the groups sent after it). With data.deterministic a server
+            engine's stream always finishes them, so that it reproduces (grpokit.inference.ordered).
     """
 
     max_inflight: int = 8

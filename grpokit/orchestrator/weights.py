@@ -1,7 +1,8 @@
 """Where the orchestrator gets its engine's weights, and with them the trainer's progress.
 
 The orchestrator waits for weights of a step before it samples that step's batch (max_async_level):
-`source.poll(engine.weight_step)` returns a newer WeightUpdate, which it loads into its engine. The
+`source.poll(engine.weight_step)` returns a newer WeightUpdate, which it loads into its engine and then
+checks the engine holds (grpokit.common.loaded_weights: a mismatch stops the run naming the step). The
 source is the broadcast itself, unless the broadcast is one only the engine's process may poll
 (`observable = False`: NCCLBroadcast, IPCBroadcast) and the engine is a client of servers that load it
 themselves (`servers_load_weights`: RemoteEngine in front of `grpokit infer`). Then the source is the
@@ -15,6 +16,7 @@ import logging
 import time
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.loaded_weights import check_loaded, update_source
 from grpokit.common.waits import WaitNotice
 from grpokit.inference import InferenceEngine
 from grpokit.types import WeightUpdate
@@ -112,6 +114,7 @@ class WeightSchedule:
             update = self._replacement(step)
         if update is not None:
             (load or self.engine.load_weights)(update)
+            check_loaded(self.engine, update, update_source(self.broadcast, update))
         return self.engine.weight_step >= step
 
     def _replacement(self, step: int):

@@ -1,7 +1,10 @@
 """ZMQ transport: the orchestrator PUSHes encoded batches to a PULL socket the trainer binds over TCP.
 
 Each message is one frame holding exactly `encode_batch(batch)` (safetensors with a versioned header):
-nothing is ever unpickled, so a bad message can at worst be rejected, never run code.
+nothing is ever unpickled, so a bad message can at worst be rejected, never run code. A message whose
+content does not match its checksum (codec.py) is never trained: one for the step awaited or a later
+one stops the trainer with an error naming the step (that batch will not come again); an older one is
+rejected like any malformed message.
 
 Who binds: the trainer binds `host:port` and the orchestrator connects. The trainer is the long-lived
 consumer with a fixed address; an orchestrator that restarts simply reconnects, and one that starts first
@@ -32,7 +35,7 @@ import time
 
 from grpokit.common.waits import check_seconds
 from grpokit.transport import Transport
-from grpokit.transport.codec import decode_batch, encode_batch
+from grpokit.transport.codec import BatchChecksumError, decode_batch, encode_batch
 from grpokit.types import TrainingBatch
 
 log = logging.getLogger(__name__)
@@ -129,16 +132,17 @@ class ZMQTransport(Transport):
         """Decode one message; keep it if it is for `step` or a later step, else log why it is dropped."""
         try:
             batch = decode_batch(data, self.max_message_bytes)
+        except BatchChecksumError as e:
+            if e.step is not None and e.step >= step:  # that step's batch is lost: waiting on would time out
+                raise BatchChecksumError(
+                    f"ZMQTransport on {self.address}: a {len(data)}-byte message holding {e}. The orchestrator "
+                    f"does not send it again: resume the run so that it samples step {e.step} again",
+                    e.step,
+                ) from e
+            self._reject(data, e)
+            return
         except Exception as e:  # bytes from the network: whatever the decoder raises is the sender's fault
-            self.rejected += 1
-            log.error(
-                "ZMQTransport on %s rejected a %d-byte message (%d so far): %s: %s",
-                self.address,
-                len(data),
-                self.rejected,
-                type(e).__name__,
-                e,
-            )
+            self._reject(data, e)
             return
         if batch.step < step:
             log.warning(
@@ -156,6 +160,17 @@ class ZMQTransport(Transport):
             )
         else:
             self._pending[batch.step] = batch
+
+    def _reject(self, data: bytes, e: Exception) -> None:
+        self.rejected += 1
+        log.error(
+            "ZMQTransport on %s rejected a %d-byte message (%d so far): %s: %s",
+            self.address,
+            len(data),
+            self.rejected,
+            type(e).__name__,
+            e,
+        )
 
     def _timeout_message(self, step: int, timeout: float) -> str:
         message = (

@@ -8,8 +8,6 @@ Hung tools and a hung `respond` (and that the process still exits) are in tests/
 from __future__ import annotations
 
 import logging
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -25,7 +23,7 @@ from grpokit.environments.multi_turn import take_turn
 from grpokit.environments.tools import parse_tool_calls, run_tool_calls
 from grpokit.inference import Completion
 from grpokit.orchestrator.stats import batch_metrics
-from tests.support import ChatLengthEnv, make_rollout, play
+from tests.support import ChatLengthEnv, installed_module, make_rollout, play
 
 pytestmark = pytest.mark.unit
 
@@ -157,14 +155,8 @@ __all__ = ["CountTaskset"]
 
 @pytest.fixture
 def tasksets(tmp_path, monkeypatch):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "count_env.py").write_text(textwrap.dedent(TASKSETS))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.delitem(sys.modules, "count_env", raising=False)
-    import count_env
-
-    yield count_env
-    sys.modules.pop("count_env", None)
+    with installed_module(tmp_path, monkeypatch, "count_env", TASKSETS) as module:
+        yield module
 
 
 def test_an_infinite_taskset_is_refused_at_start_naming_data_env(tasksets, monkeypatch):
@@ -178,6 +170,19 @@ def test_an_infinite_taskset_is_refused_at_start_naming_data_env(tasksets, monke
     assert "data.env id 'count-env'" in message and "Forever is infinite" in message and "islice" in message
     monkeypatch.setattr(environment, "load_taskset", lambda spec: taskset.take(5))  # a bounded view is fine
     assert len(Environment(EnvSpec(id="count-env")).examples) == 5
+
+
+@pytest.mark.parametrize("env_id", ["json", "grpokit", "count-env-module-helpers"])
+def test_an_id_naming_a_module_that_is_no_environment_names_data_env_and_the_fix(tasksets, tmp_path, env_id):
+    """An installed module without a Taskset in `__all__` (a standard library module, a package without
+    `__all__`, a helper module beside a taskset) is a ValueError naming data.env, the id and the fix, not
+    verifiers' TypeError or AttributeError (the `grpokit` command prints it as one line, exit 2)."""
+    (tmp_path / "site" / "count_env_module_helpers.py").write_text("__all__ = ['helper']\n\ndef helper():\n    pass\n")
+    with pytest.raises(ValueError) as error:
+        Environment(EnvSpec(id=env_id))
+    message = str(error.value)
+    assert message.startswith(f"data.env id {env_id!r} names the module ") and "which is not an environment" in message
+    assert "set data.env id to a built-in environment (" in message and "__all__ = ['MyTaskset']" in message
 
 
 def test_each_reward_function_of_a_rubric_is_logged(tasksets):

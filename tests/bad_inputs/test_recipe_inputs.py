@@ -1,7 +1,7 @@
 """Broken recipes fail at start with an error naming the file or key and the fix.
 
 Invalid values of known keys (impossible batch arithmetic, negative async level, ...) are
-tests/test_config_errors.py and tests/orchestrator/test_batching.py.
+tests/cli/test_config_errors.py and tests/orchestrator/test_batching.py.
 """
 
 import re

@@ -3,8 +3,6 @@ with an error naming the environment and example; what the run wrote before stay
 
 import json
 import re
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.main import entry, main
 from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch
-from tests.support import read_metrics
+from tests.support import installed_module, read_metrics
 
 BAD_REWARD_ENV = '''
 """A taskset whose reward is what the reply asks for ("raise", "nan", "inf", "none", "str", "bool", "huge";
@@ -68,12 +66,8 @@ __all__ = ["BadTaskset"]
 
 @pytest.fixture
 def bad_env(tmp_path, monkeypatch):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "bad_reward_env.py").write_text(textwrap.dedent(BAD_REWARD_ENV))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.delitem(sys.modules, "bad_reward_env", raising=False)
-    yield
-    sys.modules.pop("bad_reward_env", None)
+    with installed_module(tmp_path, monkeypatch, "bad_reward_env", BAD_REWARD_ENV):
+        yield
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,44 @@ def test_a_dataset_line_that_is_not_utf8_is_refused_before_the_model_loads(tmp_p
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["infer", "fit"])
+def test_a_server_port_outside_the_tcp_range_is_refused_before_the_model_loads(
+    tmp_path, tiny_model, capsys, monkeypatch, command
+):
+    """`grpokit infer --server.port 70000` used to load the model, then fail binding with socket's
+    OverflowError traceback."""
+
+    def no_model(self, *args, **kwargs):
+        raise AssertionError("the engine loaded the model before server.port was checked")
+
+    monkeypatch.setattr(BuiltinEngine, "setup", no_model)
+    argv = tiny_fit_argv(tmp_path, tiny_model, "r", "--server.port", "70000", command=command)
+    assert entry(argv) == 2
+    err = capsys.readouterr().err
+    assert "server.port must be a TCP port in [1, 65535], got 70000; set server.port to a free port" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "env_id,why",
+    [("json", "exports no verifiers Taskset subclass in `__all__`"), ("grpokit", "defines no `__all__`")],
+)
+def test_a_data_env_id_naming_a_module_that_is_no_environment_is_refused_before_the_model_loads(
+    tmp_path, tiny_model, capsys, monkeypatch, env_id, why
+):
+    """`data.env [{id: json}]` used to end the start with verifiers' TypeError traceback."""
+
+    def no_model(self, *args, **kwargs):
+        raise AssertionError("the engine loaded the model before data.env was checked")
+
+    monkeypatch.setattr(BuiltinEngine, "setup", no_model)
+    assert entry(tiny_fit_argv(tmp_path, tiny_model, "r", "--data.env", json.dumps([{"id": env_id}]))) == 2
+    err = capsys.readouterr().err
+    assert f"data.env id {env_id!r} names the module {env_id!r}, which is not an environment (it {why}" in err
+    assert "set data.env id to a built-in environment (" in err and "reverse-text" in err
+    assert "Traceback" not in err
+
+
 def test_an_empty_model_folder_names_model_model(tmp_path, capsys):
     empty = tmp_path / "empty_model"
     empty.mkdir()

@@ -9,14 +9,18 @@ once, in a random order and at random moments, and restarted with the same comma
 
 After the run, `audit` checks: metrics.csv holds steps 0..max_steps-1 once each; every batch file left
 decodes whole and is the batch its step trained on (same reward); no rollout was sampled with weights
-newer than its step or staler than the bounds; the last checkpoint and broadcast exist.
+newer than its step or staler than the bounds; the last checkpoint and broadcast exist; and prompts:
+the last line of each step in prompts.jsonl is the batch it trained (same reward), and those lines
+account for every prompt of the data order from 0 up exactly once, trained or dropped by a named rule
+(grpokit.orchestrator.accounting.audit; a streamed run's leftovers at its end are named too).
 
 Seeds: GRPOKIT_FAULT_SEEDS (comma-separated, default "0") pick the kill order and moments; CI runs seed
 0 with one co-locate kill (~2 min for this file), docs/reliability.md reports a longer sweep.
 GRPOKIT_FAULT_SIGNAL=TERM sends SIGTERM instead of SIGKILL (a scheduler's stop): each process must then
 also exit within STOP_WITHIN seconds, and a stopped `fit`, `train` or `orchestrate` non-zero (143, or
 -15 when it lands before the process installed its handler; `grpokit infer` exits 0).
-GRPOKIT_FAULT_STREAMING=1 runs the co-locate test with `data.streaming` too.
+GRPOKIT_FAULT_STREAMING=1 runs both tests with `data.streaming` too, drawing ahead with groups that
+finish out of order (the three processes: the server's requests finish on the weights they were sent with).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from grpokit.main import main
+from grpokit.orchestrator import accounting
 from grpokit.orchestrator.loop import check_not_from_the_future
 from grpokit.testing import free_port, tiny_fit_argv
 from grpokit.transport.codec import decode_batch
@@ -43,7 +48,9 @@ SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
 SIGNAL = signal.Signals["SIG" + os.environ.get("GRPOKIT_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")]
 MODES = ["batch"] + (["streaming"] if os.environ.get("GRPOKIT_FAULT_STREAMING") == "1" else [])
-STREAMING = ("--data.streaming", "{max_inflight: 2}")
+# three steps' prompts in flight, completions of different lengths (a stop string): groups finish out of
+# order and a step is handed out while earlier prompts are still in flight, the case a resume got wrong
+STREAMING = ("--data.streaming", "{max_inflight: 6}", "--data.sampling.stop", "[e]")
 STOP_WITHIN = 30.0  # seconds from SIGTERM to the exit: a generation, the step in progress, a checkpoint, teardown
 STEPS = 30
 # kills land at steps 3..8 (co-locate) or 2..8 (multi-process); the tiny model trains a step in ~0.1-0.3 s,
@@ -93,8 +100,9 @@ def kill(proc: subprocess.Popen, role: str = "fit") -> bool:
     return alive
 
 
-def audit(run: Path, steps: int, oldest_gap: int) -> None:
-    """No step lost or duplicated, no partial batch, no rollout from weights newer than its step."""
+def audit(run: Path, steps: int, oldest_gap: int) -> dict[str, int]:
+    """No step lost or duplicated, no partial batch, no rollout from weights newer than its step, no
+    prompt skipped or trained twice. Returns the prompt counts (trained, and dropped by each rule)."""
     rows = read_metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(steps)), "each step must be trained exactly once"
     for r in rows:
@@ -111,6 +119,12 @@ def audit(run: Path, steps: int, oldest_gap: int) -> None:
     assert (run / "checkpoints" / f"step_{steps}.ckpt").exists()
     assert (run / "broadcasts" / f"step_{steps}" / "STABLE").exists()
     assert not list((run / "checkpoints").glob(".*.tmp")), "a killed checkpoint write left its temp file"
+    records, _ = accounting.read_records(run)
+    assert [records[int(r["step"])]["reward"] for r in rows] == [float(r["reward"]) for r in rows], "not the batch"
+    counts = accounting.audit(run, steps)  # every prompt from 0 up: trained once, or dropped by a named rule
+    assert counts["trained"] == sum(int(float(r["groups_trained"])) for r in rows), counts
+    print(f"prompt accounting of {run.name}: {counts}")
+    return counts
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -153,12 +167,15 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed, mode):
             if proc.poll() is None:
                 proc.kill()
     assert main(argv + resume) == 0
-    audit(run, STEPS, oldest_gap=1)
+    # streamed groups decode across updates, and one that finishes after its step's batch was formed trains
+    # in a later step: their bound is max_off_policy_steps (8), as in the multi-process test
+    audit(run, STEPS, oldest_gap=8 if mode == "streaming" else 1)
     assert survived == COLOCATE_KILLS
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
+def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed, mode):
     rng = random.Random(seed)
     http_port, run = free_port(), tmp_path / "mp"
     common = tiny_fit_argv(
@@ -185,6 +202,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed):
         f"http://127.0.0.1:{http_port}/v1",
         "--inference.init_args.max_retries",
         "8",  # ~90 s of backoff: longer than a server restart
+        *(STREAMING if mode == "streaming" else ()),
         command="",
     )[1:]
     logs = {role: open(tmp_path / f"{role}.log", "a") for role in ("infer", "orchestrate", "train")}

@@ -38,7 +38,7 @@ STOP_WITHIN = 10.0  # seconds from the signal to the exit of a process waiting (
 # tears down: ~3.5 s alone on 2 CPU cores, 18 s seen with a second fit and other tests on them
 FIT_STOP_WITHIN = 45.0
 # synchronous sampling and no eval: a step's metrics depend only on the weights and the step, so a
-# stopped and resumed run can match a straight one (as tests/test_interrupt.py)
+# stopped and resumed run can match a straight one (as tests/trainer/test_interrupt.py)
 SYNC = ("--seed_everything", "0", "--data.max_async_level", "0", "--data.eval", "null")
 
 

@@ -31,6 +31,8 @@ TOKENS = 24
 def perturbed(model, step: int) -> WeightUpdate:
     torch.manual_seed(step)
     state = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+    if model.config.tie_word_embeddings:  # one tensor under two names, as a trainer publishes it
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     return WeightUpdate(step=step, tensors=state)
 
 

@@ -113,7 +113,7 @@ def test_groups_are_dropped_by_their_oldest_token(tmp_path, tiny_model):
     from tests.support import ChatLengthEnv
 
     class Env(ChatLengthEnv):
-        def score(self, examples, replies):
+        def score(self, examples, replies, finish_reasons=None):
             return [(1.0, {}) for _ in replies]
 
         def step_rewards(self, examples, replies):

@@ -27,7 +27,7 @@ class ChatLengthEnv:
 
     name = "three-turn"
 
-    def score_conversations(self, examples, chats, states=None):
+    def score_conversations(self, examples, chats, states=None, finish_reasons=None):
         return [(float(len(chat)), {}) for chat in chats]
 
 

@@ -18,7 +18,7 @@ Top = list[tuple[int, float]]  # one token's most likely alternatives: (token id
 
 
 def finish_reason(c: Completion) -> str:
-    return "length" if c.is_truncated else "stop"
+    return c.finish_reason or ("length" if c.is_truncated else "stop")
 
 
 def logprob(value: float) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.loaded_weights import check_loaded, update_source
 from grpokit.inference import Completion, InferenceEngine, NewTokens, SamplingSettings, ServingOptions
 from grpokit.inference.server.answers import Answers
 from grpokit.inference.server.requests import PromptBudget, RequestError, SamplingRequest
@@ -56,8 +57,8 @@ class RequestSampler:
         A step that cannot be read (a truncated or corrupt file: the broadcast's error names it) leaves the
         engine's weights as they are: logged (once per error), and the engine serves on with the step it
         holds, which every answer's weight_step reports; `strict` raises it instead (GET /v1/weights,
-        whose promise is the newest step). An engine that fails while loading is in no known state:
-        that always raises."""
+        whose promise is the newest step). An engine that fails while loading, or does not hold the update
+        afterwards (grpokit.common.loaded_weights), is in no known state: that always raises."""
         if self.broadcast is None:
             return
         held, source = self.engine.weight_step, type(self.broadcast).__name__
@@ -85,6 +86,7 @@ class RequestSampler:
         log.info("loading weights of step %d (was %d)", update.step, held)
         try:
             self.engine.load_weights(update)
+            check_loaded(self.engine, update, update_source(self.broadcast, update))
         except Exception as e:
             raise RuntimeError(
                 f"loading the newest weights from {source} (the engine holds step {held}) failed: "

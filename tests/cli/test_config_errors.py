@@ -8,7 +8,7 @@ import pytest
 from grpokit.cli import make_cli
 from grpokit.main import main
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "reverse_text.yaml")
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "reverse_text.yaml")
 
 CASES = [
     (

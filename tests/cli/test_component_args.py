@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 from grpokit.cli.component_args import check_component_names, reset_carried_init_args
 from grpokit.main import entry, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "reverse_text.yaml")
 CLIPPED_PG = str(ROOT / "recipes" / "ablations" / "clipped_pg.yaml")
 GSPO = "grpokit.registry.losses.gspo.GSPO"

@@ -1,6 +1,6 @@
 """An environment list given again on the command line replaces the recipe's whole: a swapped environment
 starts from its own args (grpokit.cli.env_args), also through the real recipe parser. Overlay files:
-tests/test_list_overlays.py."""
+tests/cli/test_list_overlays.py."""
 
 import pytest
 
@@ -43,7 +43,7 @@ def test_grpokit_prints_the_swapped_environment_without_carried_args(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-m", "grpokit", "fit", "--config", str(repo / "recipes/reverse_text.yaml")]
         + ["--data.env", "[{id: user-sim+reverse-text, env_args: {user: {max_turns: 2}}}]", "--print_config"],

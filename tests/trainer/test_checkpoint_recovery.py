@@ -1,7 +1,7 @@
 """Which checkpoint a resume takes, and what it sets aside: a bad newest checkpoint is passed over with a
 warning, a run folder without checkpoints gets its own message, and the files of an abandoned history
 move to archive/after_step_N_<time>/ (grpokit.trainer.checkpoint). The fits that exercise them end to end
-are in tests/test_resume_recovery.py."""
+are in tests/trainer/test_resume_recovery.py."""
 
 import logging
 

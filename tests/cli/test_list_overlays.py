@@ -9,7 +9,7 @@ import yaml
 from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.main import main
 
-DEFAULTS = {"args": {}, "name": None, "ratio": None, "env_args": {}}
+DEFAULTS = {"args": {}, "name": None, "ratio": None, "env_args": {}, "judge": None}
 
 
 def parsed(argv: list[str], capsys) -> tuple[dict, str]:

@@ -3,6 +3,8 @@ gradients through it equal to the packed row's."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
@@ -95,3 +97,46 @@ def test_varlen_attention_refuses_shared_prefixes(model):
     ids, pos, lens, needed = grpo_batch(model.config.vocab_size)
     with pytest.raises(ValueError, match="model.share_prefixes needs dense attention"):
         packed_token_logprobs(varlen, ids, pos, lens, share_prefixes=True)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 64])
+def test_gradients_through_the_tree_repeat_bit_for_bit_on_two_threads(chunk_size):
+    """A prompt node predicts the first token of each of its G completions, so the head's input rows
+    repeat; their gradients must be summed in a fixed order (grpokit.common.logprobs._RowsThenHead).
+    transformers' advanced indexing summed them with parallel atomic adds: the last bits changed from
+    one backward to the next with 2 threads (seen on the demo's SmolLM2, and here on a model wide
+    enough for torch to split the work)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4
+    )
+    lm = LlamaForCausalLM(config)
+    g = torch.Generator().manual_seed(1)
+    seqs, needed = [], []
+    for _ in range(24):  # 24 prompts x 8 completions of 1-12 tokens, many starting alike
+        prompt = torch.randint(3, 300, (6,), generator=g).tolist()
+        for _ in range(8):
+            n = int(torch.randint(1, 13, (1,), generator=g))
+            completion = (
+                torch.randint(3, 6, (2,), generator=g).tolist() + torch.randint(3, 300, (n,), generator=g).tolist()
+            )
+            seqs.append(prompt + completion)
+            needed += [False] * len(prompt) + [True] * len(completion)
+    ids, pos, lens = packed(seqs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        digests = set()
+        for _ in range(10):
+            lm.zero_grad()
+            lp = packed_token_logprobs(
+                lm, ids, pos, lens, chunk_size=chunk_size, needed_T=torch.tensor(needed), share_prefixes=True
+            )
+            lp.sum().backward()
+            grads = [p.grad for p in lm.parameters() if p.grad is not None]
+            digests.add(hashlib.sha256(b"".join(g.numpy().tobytes() for g in grads)).hexdigest())
+    finally:
+        torch.set_num_threads(threads)
+    assert len(digests) == 1

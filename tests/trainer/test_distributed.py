@@ -19,7 +19,7 @@ from grpokit.testing import free_port
 from grpokit.trainer.distributed import check_trainer_processes, rank_share
 from tests.support import make_training_batch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_rank_share_is_round_robin_and_covers_every_micro_batch_once():

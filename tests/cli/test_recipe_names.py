@@ -74,7 +74,7 @@ def test_a_name_like_no_recipe_lists_them_all_and_the_command_says_so_in_one_lin
 
 
 def test_shipped_recipes_are_every_yaml_of_the_recipes_folder_by_name():
-    repo_recipes = Path(__file__).resolve().parents[1] / "recipes"
+    repo_recipes = Path(__file__).resolve().parents[2] / "recipes"
     names = {p.relative_to(repo_recipes).with_suffix("").as_posix() for p in repo_recipes.rglob("*.yaml")}
     shipped = shipped_recipes()
     assert set(shipped) == names and {"reverse_text", "ablations/gspo"} <= names

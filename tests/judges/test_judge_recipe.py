@@ -1,0 +1,74 @@
+"""The judge recipe (recipes/judge_exclaim.yaml, docs/judges.md): it parses, and a 2-step fit of it on
+tiny models (the tests' tiny Llama as the policy, a random tiny classifier as the judge) runs: the reward
+is the judge's score alone, metrics.csv has the judge's score spread and the rule check beside it, and
+samples.jsonl carries each logged rollout's classifier score."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpokit.judges import JudgeSettings
+from grpokit.main import main
+from tests.support import read_metrics
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "judge_exclaim.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tiny_model, tmp_path_factory) -> str:
+    """A random one-label classifier the shape grpokit.envs.exclaim.train_judge trains, untrained."""
+    from transformers import AutoTokenizer
+
+    from grpokit.envs.exclaim.train_judge import build_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    path = tmp_path_factory.mktemp("exclaim-rm")
+    build_model(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_the_recipe_names_a_classifier_judge_as_the_only_reward():
+    (env,) = yaml.safe_load(RECIPE.read_text())["data"]["env"]
+    settings = JudgeSettings.from_recipe(env["judge"], "data.env 'exclaim'")
+    assert env["id"] == "exclaim" and settings.kind == "classifier" and settings.weight == 1.0
+
+
+def test_a_two_step_fit_with_the_classifier_judge_runs(tmp_path, tiny_model, tiny_classifier):
+    with open(RECIPE) as f:
+        env = yaml.safe_load(f)["data"]["env"][0]
+    env = {**env, "args": {"num_tasks": 16}, "judge": {**env["judge"], "model": tiny_classifier}}
+    argv = [
+        "fit", "--config", str(RECIPE), "--output_dir", str(tmp_path), "--run_name", "j",
+        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
+        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
+        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rows = read_metrics(tmp_path / "j")
+    assert [int(r["step"]) for r in rows] == [0, 1]
+    for r in rows:
+        assert float(r["reward"]) == pytest.approx(float(r["env/reward/rm"]))  # the judge's score alone
+        assert float(r["env/reward/rm_min"]) <= float(r["env/reward/rm"]) <= float(r["env/reward/rm_max"])
+        assert float(r["env/reward/rm_std"]) >= 0 and 0 <= float(r["env/exclaims"]) <= 1
+    samples = [json.loads(line) for line in open(tmp_path / "j" / "samples.jsonl")]
+    assert samples and all(float(s["notes"]["judge/rm/reply"]) == pytest.approx(s["reward"]) for s in samples)
+
+
+def test_a_str_metric_is_a_note_and_a_reward_metric_has_its_spread():
+    import torch
+
+    from grpokit.orchestrator.stats import batch_metrics
+    from grpokit.types import Rollout
+
+    def rollout(score: float) -> Rollout:
+        metrics = {"reward/rm": score, "judge/rm/reply": repr(score)}
+        return Rollout(0, "exclaim", 0, [1], [2], [0.0], [1], score, False, 0, metrics=metrics)
+
+    rollouts = [rollout(0.0), rollout(1.0), rollout(0.5)]
+    assert rollouts[1].notes == {"judge/rm/reply": "1.0"} and rollouts[1].metrics == {"reward/rm": 1.0}
+    metrics = batch_metrics(0, rollouts, torch.tensor([[0.0, 1.0, 0.5]], dtype=torch.float64), {})
+    assert metrics["env/reward/rm"] == pytest.approx(0.5) and metrics["env/reward/rm_std"] == pytest.approx(0.408248)
+    assert metrics["env/reward/rm_min"] == 0.0 and metrics["env/reward/rm_max"] == 1.0

@@ -1,0 +1,62 @@
+"""A recipe adds a judge reward to an environment's rewards with a weight (`data.env[i].judge`): the judge
+sees each rollout's whole conversation, its weighted score joins the rubric's, its metrics are logged per
+rollout, and a dropped group trains nothing (grpokit.judges.judged_env)."""
+
+import pytest
+import yaml
+
+from grpokit.environments.environment import Environment, EnvSpec
+from grpokit.judges import JudgeFormat, attach_run, judged
+from grpokit.judges.cache import CACHE_FILE, JudgeCache
+from tests.judges.helpers import answer, dead_url
+from tests.support.servers import ScriptedServer
+
+RUBRIC = "The reply is the prompt's text reversed, nothing else."
+
+
+def judge_env(url: str, **judge) -> Environment:
+    spec = EnvSpec(id="reverse-text", judge={"kind": "http", "model": "j", "base_url": url, "rubric": RUBRIC, **judge})
+    return judged(Environment(spec), JudgeCache())
+
+
+def test_the_weighted_judge_score_is_added_to_the_rubric_reward(tmp_path):
+    with ScriptedServer([answer("Score: 5")]) as server:
+        env = judge_env(server.url, weight=0.5, name="rev_judge")
+        attach_run([env], tmp_path)
+        example = env.examples[0]
+        replies = [example.messages[-1]["content"][::-1], "something else"]
+        scored = env.score([example] * 2, replies)
+        prompt = server.request_bodies[0]["messages"][0]["content"]
+    plain = Environment(EnvSpec(id="reverse-text")).score([example] * 2, replies)
+    assert [r for r, _ in scored] == pytest.approx([r + 0.5 * 0.5 for r, _ in plain])
+    chats = [example.messages + [{"role": "assistant", "content": reply}] for reply in replies]
+    assert prompt in [JudgeFormat().render(chat, RUBRIC) for chat in chats]  # the whole conversation, exactly
+    metrics = scored[0][1]
+    assert metrics["reward/rev_judge"] == 0.5 and metrics["judge/rev_judge/parse_failures"] == 0.0
+    assert metrics["judge/rev_judge/dropped"] == 0.0 and metrics["judge/rev_judge/seconds"] >= 0
+    assert (tmp_path / CACHE_FILE).exists()
+
+
+def test_a_dropped_group_gets_equal_zero_rewards_and_is_counted():
+    env = judge_env(dead_url(), retries=0, on_failure="drop_group")
+    example = env.examples[0]
+    scored = env.score([example] * 3, ["a", "b", example.messages[-1]["content"][::-1]])
+    assert [r for r, _ in scored] == [0.0, 0.0, 0.0]
+    assert all(m["judge/judge/down"] == 1.0 and m["judge/judge/dropped"] == 1.0 for _, m in scored)
+    assert env.judge.counts["dropped_groups"] == 1
+
+
+def test_an_environment_without_a_judge_is_left_as_it_is():
+    env = Environment(EnvSpec(id="reverse-text"))
+    assert judged(env) is env
+
+
+def test_a_recipe_gives_an_environment_a_judge():
+    from importlib.resources import files
+
+    from grpokit.cli import parse_recipe
+
+    recipe = str(files("grpokit.recipes") / "reverse_text.yaml")
+    judge = {"kind": "http", "model": "j", "base_url": "http://127.0.0.1:8000/v1", "rubric": RUBRIC, "weight": 0.5}
+    text = parse_recipe(["--config", recipe, "--data.env", yaml.safe_dump([{"id": "reverse-text", "judge": judge}])])
+    assert yaml.safe_load(text)["data"]["env"][0]["judge"] == judge
