@@ -157,6 +157,8 @@ def test_weight_step_follows_the_broadcast(tiny_model, tmp_path, client_for):
         assert before.weight_step == -1
         g = torch.Generator().manual_seed(0)
         state = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in engine.model.state_dict().items()}
+        if engine.model.config.tie_word_embeddings:  # one tensor under two names, as a trainer publishes it
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
         broadcast.publish(WeightUpdate(step=1, tensors=state))
         after = greedy()
         assert after.weight_step == 1 and engine.weight_step == 1 and client.models.list().weight_step == 1

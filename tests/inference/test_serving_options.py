@@ -111,4 +111,4 @@ def test_the_fast_path_refuses_top_logprobs_and_streams_whole_completions(fast_e
     cancelled = threading.Event()
     cancelled.set()
     groups = fast_engine.generate(PROMPTS, 2, sampling, options=ServingOptions(cancelled=cancelled))
-    assert all(c.token_ids == [] and c.is_truncated for group in groups for c in group)
+    assert all(c.token_ids == [] and c.finish_reason == "abort" for group in groups for c in group)
