@@ -32,6 +32,7 @@ than one trainable role; each is an error naming the environment when used.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, over_budget
 from grpokit.environments.environment import make_chat_trace, prompt_messages
 from grpokit.environments.finish import record_finish_reasons
+from grpokit.environments.workers import ToolPool
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
+BLOCKED_GRACE = 10.0  # past SETTLE_TIMEOUT: the event loop itself is blocked by a synchronous call
 
 
 @dataclass
@@ -247,6 +250,8 @@ class EpisodeTable:
     def __init__(self, tokenizer, limits: EpisodeLimits) -> None:
         self.tokenizer, self.limits, self.chat = tokenizer, limits, ChatTokens(tokenizer)
         self.loop = asyncio.new_event_loop()
+        self.runner = ToolPool(1, "env-episodes")  # a daemon thread: a hung Env.run never blocks exit
+        self.blocked = False  # the loop's thread was given up on, still inside an episode's code
 
     def start(self, env, example, count: int) -> list[Episode]:
         episodes = [Episode(env, example, self.tokenizer, self.chat, self.limits) for _ in range(count)]
@@ -258,7 +263,7 @@ class EpisodeTable:
         """Run the episodes' code until each has ended or waits; the roles waiting for a reply. Their
         code runs interleaved: each episode is charged an equal share of the time (Conversation.env_time)."""
         start = time.perf_counter()
-        self.loop.run_until_complete(_settle(episodes))
+        self._run(_settle(episodes), episodes)
         for ep in episodes:
             ep.env_time += (time.perf_counter() - start) / len(episodes)
         return [role for ep in episodes for role in ep.waiting()]
@@ -266,14 +271,37 @@ class EpisodeTable:
     def finish(self, episodes: list[Episode]) -> tuple[list[Conversation], list[tuple[float, dict[str, float]]]]:
         """One prompt's ended episodes: their trained conversations and (reward, metrics), checked."""
         trained = [ep.trained() for ep in episodes]  # exactly one trained exchange each, checked before scoring
-        outcomes = self.loop.run_until_complete(_score_all(episodes))
+        outcomes = self._run(_score_all(episodes), episodes)
         for ep, role in zip(episodes, trained):
             role.conv.env_time = ep.env_time
         env, example = episodes[0].env, episodes[0].example
         scores = env.checked_scores([example] * len(episodes), [t for t, _ in outcomes], [o for _, o in outcomes])
         return [role.conv for role in trained], scores
 
+    def _run(self, work, episodes: list[Episode]):
+        """Run the loop until `work` is done, on the runner's thread: code that awaits forever is stopped
+        by `_settle`'s own deadline, and a synchronous call in an Env's code that never returns (which
+        blocks the loop, so no deadline inside it can fire) by this wait's, naming the environment. The
+        loop runs only inside this call, so the orchestrator's thread may touch its futures in between."""
+        if self.blocked:
+            work.close()
+            raise RuntimeError("the Env episodes' event loop is still blocked by an earlier call that never returned")
+        future = self.runner.submit(self.loop.run_until_complete, work)
+        try:
+            return future.result(timeout=SETTLE_TIMEOUT + BLOCKED_GRACE)
+        except concurrent.futures.TimeoutError:
+            self.runner.abandon(future)
+            self.blocked = True
+            raise TimeoutError(
+                f"environment {episodes[0].env.name!r}: the code of the episodes of examples "
+                f"{sorted({ep.example.index for ep in episodes})} has blocked for "
+                f"{SETTLE_TIMEOUT + BLOCKED_GRACE:g} s in a synchronous call (Env.run, setup or finalize); "
+                "await slow work (asyncio.to_thread) instead of blocking the event loop"
+            ) from None
+
     def close(self) -> None:
+        if self.blocked:  # its thread still runs the loop; a daemon, it does not hold the process
+            return
         for task in asyncio.all_tasks(self.loop):
             task.cancel()
         self.loop.run_until_complete(asyncio.sleep(0))

@@ -21,6 +21,8 @@ from grpokit.trainer.metrics import mismatch_metrics
 # A game master Env written as verifiers' docs write one: it opens the exchange (the task's prompt is
 # the master's), answers each guess with a hint, and records a finalize metric. `Fail` sets how it breaks.
 GAME = """
+import time
+
 import verifiers.v1 as vf
 
 
@@ -38,6 +40,8 @@ class Hints(vf.Env[HintsConfig]):
     async def run(self, task, agents):
         if self.config.fail == "raise":
             raise RuntimeError("the game server is down")
+        if self.config.fail == "block":  # a synchronous call that blocks the event loop
+            time.sleep(20)
         hidden = type(task)(task.data.model_copy(update={"prompt": None}), task.config)
         async with agents.player.interaction(hidden) as player:
             segment = await player.turn("Guess the hidden word. Hint 1: it is short.")
@@ -151,3 +155,19 @@ def test_broken_episodes_and_configs_name_the_environment(game, engine, tokenize
         Environment(EnvSpec(id="reverse-text", env_args={"persona": "x"}))
     with pytest.raises(ValueError, match="unknown verifiers Env 'no-such-env'"):
         Environment(EnvSpec(id="no-such-env+reverse-text"))
+
+
+def test_an_env_run_blocked_in_a_synchronous_call_stops_the_run_naming_it(game, engine, tokenizer, monkeypatch):
+    """`time.sleep` (or any blocking call) in Env.run blocks the event loop, so the loop's own deadline
+    cannot fire; the wait for the loop's thread is bounded too, and the error names the environment."""
+    import time
+
+    from grpokit.environments import episodes
+
+    monkeypatch.setattr(episodes, "SETTLE_TIMEOUT", 0.5)
+    monkeypatch.setattr(episodes, "BLOCKED_GRACE", 0.5)
+    blocked = Environment(EnvSpec(id=game, env_args={"fail": "block"}))
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"environment 'hints-game\+reverse-text'.*blocked for 1 s in a synchronous"):
+        generate_rollouts(engine, tokenizer, [(blocked, blocked.examples[0])], 1, SAMPLING, 0)
+    assert time.monotonic() - start < 10
