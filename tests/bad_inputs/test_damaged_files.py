@@ -7,48 +7,19 @@ step is refused naming the file and the step before any engine loads it. Each st
 Run through `grpokit.main.entry` (what the console script calls) on the tiny model.
 """
 
-import shutil
 from pathlib import Path
 
-import pytest
-
-from grpokit.main import entry
-from grpokit.testing import tiny_fit_argv
 from grpokit.transport.codec import decode_batch, encode_batch
-from tests.support import read_metrics
+from tests.bad_inputs import test_run_files
+from tests.bad_inputs.test_run_files import resumed, trained_steps
 
-TRANSPORT = ["--data.transport", '{"class_path": "FilesystemTransport", "init_args": {"keep_last": 0}}']
-
-
-@pytest.fixture(scope="module")
-def two_steps(tmp_path_factory, tiny_model):
-    """A finished 2-step run (checkpoint of step 2, batches of steps 0 and 1 kept)."""
-    out = tmp_path_factory.mktemp("two-steps")
-    argv = tiny_fit_argv(out, tiny_model, "run", "--trainer.max_steps", "2", "--ckpt.interval", "1", *TRANSPORT)
-    assert entry(argv) == 0
-    return out
+two_steps = test_run_files.two_steps  # the finished 2-step run both files damage, as a fixture here too
 
 
 def flip_near_end(path: Path, count: int = 1000) -> None:
     data = path.read_bytes()
     count = min(count, len(data) // 2)
     path.write_bytes(data[:-count] + bytes(b ^ 0xFF for b in data[-count:]))
-
-
-def resumed(two_steps, tmp_path, tiny_model, damage) -> tuple[int, Path]:
-    """Copy the 2-step run, `damage(its run folder)`, resume it to 3 steps: (exit code, run folder)."""
-    out = tmp_path / "out"
-    shutil.copytree(two_steps, out)
-    run = out / "run"
-    damage(run)
-    argv = tiny_fit_argv(
-        out, tiny_model, "run", "--trainer.max_steps", "3", "--ckpt.interval", "1", "--ckpt.resume_step", "-1"
-    )
-    return entry([*argv, *TRANSPORT]), run
-
-
-def trained_steps(run) -> list[int]:
-    return [int(r["step"]) for r in read_metrics(run)]
 
 
 def test_a_batch_file_with_bytes_flipped_near_its_end_stops_the_resume_naming_it(

@@ -28,11 +28,12 @@ def two_steps(tmp_path_factory, tiny_model):
 
 
 def resumed(two_steps, tmp_path, tiny_model, damage) -> tuple[int, Path]:
-    """Copy the 2-step run, `damage(its rollouts folder)`, resume it to 3 steps: (exit code, run folder)."""
+    """Copy the 2-step run, `damage(its run folder)`, resume it to 3 steps: (exit code, run folder).
+    Shared with tests/bad_inputs/test_damaged_files.py."""
     out = tmp_path / "out"
     shutil.copytree(two_steps, out)
     run = out / "run"
-    damage(run / "rollouts")
+    damage(run)
     argv = tiny_fit_argv(
         out, tiny_model, "run", "--trainer.max_steps", "3", "--ckpt.interval", "1", "--ckpt.resume_step", "-1"
     )
@@ -46,7 +47,10 @@ def trained_steps(run) -> list[int]:
 def test_a_batch_file_holding_another_steps_batch_stops_the_resume(two_steps, tmp_path, tiny_model, capsys):
     # before: step 2 trained step 0's batch again and rc was 0
     code, run = resumed(
-        two_steps, tmp_path, tiny_model, lambda r: shutil.copy(r / "step_0.safetensors", r / "step_2.safetensors")
+        two_steps,
+        tmp_path,
+        tiny_model,
+        lambda run: shutil.copy(run / "rollouts" / "step_0.safetensors", run / "rollouts" / "step_2.safetensors"),
     )
     err = capsys.readouterr().err
     assert code == 1, err[-3000:]
@@ -57,7 +61,8 @@ def test_a_batch_file_holding_another_steps_batch_stops_the_resume(two_steps, tm
 
 
 def test_a_truncated_batch_file_stops_the_resume_naming_its_path(two_steps, tmp_path, tiny_model, capsys):
-    def truncate(rollouts):
+    def truncate(run):
+        rollouts = run / "rollouts"
         data = (rollouts / "step_1.safetensors").read_bytes()
         (rollouts / "step_2.safetensors").write_bytes(data[: len(data) // 2])
 
