@@ -6,6 +6,7 @@ their own classes, and a tiny random model to run a short fit on (grpokit's benc
 
 - contracts.py: check_component and the checks per kind; float64 LossInputs for hand-computed tests.
 - models.py: the tiny random model, and the CLI arguments of a short run on it.
+- vision_models.py: tiny random vision-language models (Qwen2.5-VL, Idefics3) with working processors.
 - processes.py: a free loopback port, for a server the test (or bench) starts.
 
 Helpers only grpokit's own tests use (batches, scripted servers, stand-ins) live in tests/support/.
@@ -24,10 +25,13 @@ from grpokit.testing.contracts import (
 )
 from grpokit.testing.models import build_tiny_model, tiny_fit_argv
 from grpokit.testing.processes import free_port
+from grpokit.testing.vision_models import build_tiny_idefics3, build_tiny_qwen2_5_vl
 
 __all__ = [
     "StubTokenizer",
+    "build_tiny_idefics3",
     "build_tiny_model",
+    "build_tiny_qwen2_5_vl",
     "check_advantage",
     "check_component",
     "check_filter",

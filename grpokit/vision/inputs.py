@@ -1,0 +1,85 @@
+"""A prompt's image inputs to the model, as named plain tensors that travel without pickle.
+
+A vision-language model's forward takes, beside the token ids, tensors its processor made from the
+images: Qwen2-VL/Qwen2.5-VL `pixel_values` [patches, C*T*P*P] and `image_grid_thw` [images, 3];
+Idefics3/SmolVLM `pixel_values` [1, tiles, C, H, W] and `pixel_attention_mask` [1, tiles, H, W];
+LLaVA `pixel_values` [images, C, H, W]. VisionInputs holds them by name with, per name, the dimension
+along which the images of several sequences are concatenated when they are packed into one row
+(`image_dims`; 0 for the flat layouts, 1 for the nested [batch, tiles, ...] one). grpokit batches are
+safetensors files: `to_tensors` gives tensors plus a header of strings (safetensors metadata), and
+`from_tensors` reads them back; there is nothing else to serialise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+FORMAT = "grpokit.VisionInputs"
+VERSION = 1
+
+
+@dataclass
+class VisionInputs:
+    """Named image tensors for one sequence or one packed row (no images: both dicts empty).
+
+    Args:
+        tensors: model keyword -> tensor, as the processor made it (e.g. pixel_values, image_grid_thw).
+        image_dims: model keyword -> the dimension that counts images (or tiles, or patches), along
+            which `concat` joins several sequences' tensors.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    image_dims: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.tensors) != set(self.image_dims):
+            raise ValueError(f"image_dims names {sorted(self.image_dims)}, tensors {sorted(self.tensors)}")
+
+    def __bool__(self) -> bool:
+        return bool(self.tensors)
+
+    def model_kwargs(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
+        """The tensors as forward keyword arguments, on `device`; floating ones cast to `dtype` if given."""
+        out = {}
+        for name, tensor in self.tensors.items():
+            cast = dtype if dtype is not None and tensor.is_floating_point() else None
+            out[name] = tensor.to(device=device, dtype=cast)
+        return out
+
+    def to_tensors(self, prefix: str = "vision.") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """(tensors named `prefix + keyword`, a header of strings): safetensors' tensors and metadata."""
+        tensors = {prefix + name: tensor.contiguous() for name, tensor in self.tensors.items()}
+        header = {"format": FORMAT, "version": str(VERSION), "image_dims": json.dumps(self.image_dims, sort_keys=True)}
+        return tensors, header
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], header: dict[str, str], prefix: str = "vision."):
+        """The VisionInputs `to_tensors` wrote (other tensors in `tensors`, without `prefix`, are ignored)."""
+        if header.get("format") != FORMAT or header.get("version") != str(VERSION):
+            raise ValueError(
+                f"not a {FORMAT} header of version {VERSION}: format {header.get('format')!r}, "
+                f"version {header.get('version')!r}"
+            )
+        image_dims = {name: int(dim) for name, dim in json.loads(header["image_dims"]).items()}
+        missing = [prefix + name for name in image_dims if prefix + name not in tensors]
+        if missing:
+            raise ValueError(f"the header names tensors that are not there: {missing}")
+        return cls({name: tensors[prefix + name] for name in image_dims}, image_dims)
+
+
+def concat(parts: list[VisionInputs]) -> VisionInputs:
+    """The image inputs of a packed row: each sequence's tensors joined along their image dimension, in
+    the row's order (a model fills its image placeholder tokens with image features in that order).
+    Sequences without images add nothing; every sequence with images must have the same keywords."""
+    present = [p for p in parts if p]
+    if not present:
+        return VisionInputs()
+    dims = present[0].image_dims
+    for part in present[1:]:
+        if part.image_dims != dims:
+            raise ValueError(f"cannot pack image inputs {part.image_dims} with {dims}: different model inputs")
+    tensors = {name: torch.cat([p.tensors[name] for p in present], dim=dim) for name, dim in dims.items()}
+    return VisionInputs(tensors, dict(dims))

@@ -1,0 +1,93 @@
+"""A chat prompt with images -> prompt token ids + the model's image inputs, with the model's processor.
+
+The processor (AutoProcessor) is the only thing that knows how many placeholder tokens an image
+becomes (Qwen2-VL: grid t*h*w / merge_size^2; Idefics3: image_seq_len per tile, tiles per image
+from its size) and what tensors the model reads. So rendering is: the chat template as text
+(`processor.apply_chat_template`, images as `{"type": "image"}` parts), then one processor call on
+that text and the images, which expands each image's placeholder and makes the tensors. The ids are
+what the engine is given and the trainer scores; the tensors become a VisionInputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from PIL import Image
+
+from grpokit.vision.inputs import VisionInputs
+
+# Per-token outputs of a processor call, not image inputs: the ids carry them (grpokit.vision.positions
+# derives mm_token_type_ids from the ids, since a packed row's must be the concatenation of its sequences').
+TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
+
+
+@dataclass
+class RenderedPrompt:
+    """A prompt as the model takes it: token ids (image placeholders expanded) and its image inputs."""
+
+    prompt_ids: list[int]
+    vision: VisionInputs
+
+
+def render_prompt(processor, messages: list[dict], images: list[Image.Image]) -> RenderedPrompt:
+    """Render `messages` (processor-shaped: grpokit.vision.messages.split_images) with `images`, in order,
+    ending with the assistant header (add_generation_prompt)."""
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
+    ids = encoded["input_ids"][0].tolist()
+    tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
+    return RenderedPrompt(ids, VisionInputs(tensors, image_dims(tensors)))
+
+
+def image_dims(tensors: dict) -> dict[str, int]:
+    """Each tensor's image dimension. Processors with nested images (Idefics3/SmolVLM: pixel_values
+    [batch, tiles, C, H, W]) give every tensor that shares pixel_values' [batch, tiles] prefix dimension
+    1; the flat layouts (Qwen-VL's patches and grids, LLaVA's [images, C, H, W]) count images along 0."""
+    pixels = tensors.get("pixel_values")
+    nested = pixels is not None and pixels.ndim == 5
+    return {
+        name: 1 if nested and tensor.ndim >= 2 and tensor.shape[:2] == pixels.shape[:2] else 0
+        for name, tensor in tensors.items()
+    }
+
+
+def load_processor(path: str):
+    """The model's AutoProcessor; without torchvision, the model's processor class without its video part.
+
+    transformers builds the Qwen-VL (and SmolVLM) processors with a video processor, which needs
+    torchvision, and refuses to build them when it is missing, images or not. Prompts here hold images
+    only, so on such a machine the same processor class is built with its image processor (the PIL one
+    transformers picks without torchvision) and tokenizer only.
+    """
+    from transformers import AutoConfig, AutoProcessor
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES, processor_class_from_name
+    from transformers.utils import is_torchvision_available
+
+    name = PROCESSOR_MAPPING_NAMES.get(AutoConfig.from_pretrained(path).model_type)
+    cls = processor_class_from_name(name) if name else None
+    if cls is None or is_torchvision_available() or "video_processor" not in cls.get_attributes():
+        return AutoProcessor.from_pretrained(path)
+    return without_video(cls).from_pretrained(path)
+
+
+def without_video(cls: type) -> type:
+    """A subclass of processor class `cls` whose only parts are its image processor and tokenizer.
+
+    transformers' from_pretrained passes a processor only the arguments its `__init__` names, so the
+    subclass names those of the Qwen-VL processors (image_processor, tokenizer, video_processor,
+    chat_template) less video_processor; a class that takes more (SmolVLM's image_seq_len) is refused
+    rather than built with that setting silently at its default.
+    """
+    known = {"self", "image_processor", "tokenizer", "video_processor", "chat_template", "kwargs"}
+    extra = [p for p in inspect.signature(cls.__init__).parameters if p not in known]
+    if extra:
+        raise ValueError(
+            f"{cls.__name__} needs a video processor (torchvision) and takes {extra}, which grpokit cannot "
+            "pass without one: install torchvision"
+        )
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        cls.__init__(self, image_processor, tokenizer, video_processor=None, chat_template=chat_template, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": f"{cls.__name__} without its video part."})
