@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 
 import grpokit
 from grpokit.bench.command import main as bench_main
-from grpokit.cli import make_cli, roles
+from grpokit.cli import judge_role, make_cli, roles
 from grpokit.cli.component_args import check_component_names
 from grpokit.cli.discovery import discover
 from grpokit.cli.recipe_files import check_recipe_files, resolve_recipe_names
@@ -38,6 +38,7 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   train        the trainer of a multi-process run (docs/multi-process.md)
   orchestrate  the orchestrator of a multi-process run: sampling requests, rewards, batches
   infer        an inference server (builtin engine or vLLM) of a multi-process run
+  judge        the recipe's judge model served at its judge.base_url (docs/judges.md)
   registry     list components: grpokit registry list [KIND]
   recipes      list the shipped recipes (--config takes them by name), or copy one: grpokit recipes cp NAME DEST
   bench        benchmarks: grpokit bench generate|train|step|multiturn|stream|server (docs/benchmarks.md)
@@ -48,8 +49,8 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   export       a run's weights as a peft adapter or (--merge) a full Hugging Face model folder (docs/export.md)
 """
 SUBCOMMANDS = (
-    "fit", "sft", "train", "orchestrate", "infer", "registry", "recipes", "bench", "sweep", "report", "rollouts",
-    "eval", "export",
+    "fit", "sft", "train", "orchestrate", "infer", "judge", "registry", "recipes", "bench", "sweep", "report",
+    "rollouts", "eval", "export",
 )  # fmt: skip
 PACKAGE_DIR = os.path.dirname(os.path.abspath(grpokit.__file__)) + os.sep  # root_cause: which errors grpokit raised
 
@@ -194,6 +195,8 @@ def recipe_command(argv: list[str], startup: Startup) -> int:
     """A command that reads a recipe (argv[0] one of SUBCOMMANDS, whose files are checked)."""
     if argv[0] == "eval":
         return eval_main(argv[1:], startup)
+    if argv[0] == "judge":
+        return judge_role.judge(argv[1:], startup)
     if argv[:1] in (["infer"], ["orchestrate"]):
         cli = make_cli(argv[1:], run=False, role=argv[0], startup=startup)
         startup.started = True

@@ -111,7 +111,7 @@ def test_the_cycle_check_finds_a_cycle():
 # along an edge of ROLE_EDGES.
 LAYERS = (
     ("plug-in API", {"", "types", "loss", "advantage", "filter", "noise", "kl", "normalization"}),
-    ("common", {"common"}),
+    ("common", {"common", "vision"}),
     ("plug-ins and their test kit", {"registry", "testing"}),
     ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast", "sft", "judges"}),
     ("environment plug-ins", {"envs"}),
@@ -145,6 +145,7 @@ ROLE_EDGES = (
     ({"judges"}, "grpokit.inference", "an in-process judge samples with the engine's SamplingSettings"),
     ({"judges"}, "grpokit.inference.builtin", "an in-process judge runs on a BuiltinEngine of its own"),
     ({"judges"}, "grpokit.inference.remote", "the HTTP judge refuses redirects as RemoteEngine does"),
+    ({"judges"}, "grpokit.inference.server.*", "`grpokit judge` serves a judge on grpokit's HTTP server"),
 )
 
 # Plug-ins import less than their layer: these layers, these modules, and their own package. An

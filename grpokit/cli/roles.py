@@ -1,11 +1,12 @@
-"""The three roles of a run as separate processes, each from the same recipe:
+"""The three roles of a run as separate processes, each from the same recipe, and a fourth for its judge:
 
     grpokit infer       --config r.yaml --run_name R   # engine + OpenAI-compatible server, follows the broadcast
     grpokit orchestrate --config r.yaml --run_name R   # rollouts -> rewards -> batches, via inference.base_url
     grpokit train       --config r.yaml --run_name R   # Lightning trainer: batches -> weights
+    grpokit judge       --config r.yaml                # the judge's model at its judge.base_url (cli/judge_role.py)
 
 They share only `{output_dir}/{run_name}/` (filesystem transport and broadcast) or sockets (ZMQ).
-Any start order works: the trainer waits for batches, the orchestrator for weights and the server.
+Any start order works: the trainer waits for batches, the orchestrator for weights and the servers.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def infer(cli) -> int:
     engine = settings.engine or BuiltinEngine()
     broadcast = config["broadcast"]
     tokenizer = start_engine(engine, broadcast, cli.model, cli.run.run_dir)
-    signal.signal(signal.SIGTERM, _interrupt)  # until serving: then uvicorn stops gracefully and re-raises it
+    signal.signal(signal.SIGTERM, interrupt)  # until serving: then uvicorn stops gracefully and re-raises it
     app = make_app(engine, tokenizer, settings.model_name, broadcast, limits=settings.limits)
     app.run_name = cli.run.run_dir.name  # an orchestrator of another run refuses this server (RemoteEngine)
     try:
@@ -83,10 +84,10 @@ def infer(cli) -> int:
         broadcast.close()  # stops the NCCL receiver, withdraws the filesystem broadcast's ack
     if app.worker.thread.is_alive():
         log.warning("the engine is still sampling a request; exiting without waiting for it")
-    _exit_now(0)
+    exit_now(0)
 
 
-def _exit_now(code: int) -> None:
+def exit_now(code: int) -> None:
     """End the process at once, logs and output flushed, once the server has answered every request and
     the broadcast is closed. The engine thread may still be inside a generate that cannot be interrupted,
     and torch aborts (std::terminate) when the process is finalised under a running op. Even when it has
@@ -107,7 +108,7 @@ def infer_vllm(cli, engine, settings: ServerSettings) -> int:
     own (its exit code).
     """
 
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server like Ctrl-C
+    signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the server like Ctrl-C
     server = None
     try:
         server = start_recipe_vllm(cli, engine, cli.config_init["broadcast"], settings)
@@ -122,7 +123,7 @@ def infer_vllm(cli, engine, settings: ServerSettings) -> int:
             server.stop(engine.serve.stop_timeout)
 
 
-def _interrupt(signum, frame) -> None:
+def interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 

@@ -7,8 +7,11 @@ grpokit.judges.classifier (a sequence-classification reward model), the failure 
 grpokit.judges.reward, and the run's cache of replies grpokit.judges.cache.
 """
 
-from grpokit.judges.judged_env import JudgedEnvironment, attach_run, judged
+from grpokit.judges.judged_env import JudgedEnvironment, attach_run, dropped_by_judge, judged
 from grpokit.judges.reward import JudgeReward, JudgeSettings
 from grpokit.judges.template import JudgeFormat, ParseFailure
 
-__all__ = ["JudgeFormat", "JudgeReward", "JudgeSettings", "JudgedEnvironment", "ParseFailure", "attach_run", "judged"]
+__all__ = [
+    "JudgeFormat", "JudgeReward", "JudgeSettings", "JudgedEnvironment", "ParseFailure", "attach_run",
+    "dropped_by_judge", "judged",
+]  # fmt: skip

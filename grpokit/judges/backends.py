@@ -9,32 +9,27 @@ acts on, counted and logged. Settings errors (an API key variable that is not se
 - BuiltinJudge: a BuiltinEngine of its own (its own copy of the judge's weights, never the policy's, no
   gradients, never sent weight updates), sampling greedily by default; the whole batch is one `generate`
   call. Its timeout cancels the batch between decode steps (ServingOptions.cancelled).
-- HTTPJudge: POST {base_url}/chat/completions (grpokit infer, vLLM, or any OpenAI-compatible endpoint),
-  the requests of a batch sent concurrently; the key is read from the environment variable the recipe
-  names, never from the recipe. Connection errors, timeouts, 429 and 5xx are retried `retries` times
-  with exponential backoff; redirects are refused (they would carry the key elsewhere), as RemoteEngine
-  does.
+- HTTPJudge: POST {base_url}/chat/completions (`grpokit judge`, grpokit infer, vLLM, or any
+  OpenAI-compatible endpoint), the requests of a batch sent concurrently; the key is read from the
+  environment variable the recipe names, never from the recipe. Connection errors, timeouts, 429 and 5xx
+  are retried `retries` times with exponential backoff; redirects are refused (they would carry the key
+  elsewhere), as RemoteEngine does (grpokit.judges.posting).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
 import threading
-import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpokit.inference import SamplingSettings, ServingOptions
-from grpokit.inference.remote import OPENER
+from grpokit.judges.posting import Failure, post_json
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF = 10.0  # seconds between two tries of one request, at most
 
 
 @dataclass
@@ -135,28 +130,12 @@ class HTTPJudge(JudgeBackend):
             return list(pool.map(self._ask_one, prompts))
 
     def _ask_one(self, prompt: str) -> JudgeReply:
-        """One request, retried on what a retry may cure; the reply, or the last failure."""
-        body = json.dumps({**self.body, "messages": [{"role": "user", "content": prompt}]}).encode()
-        failure, detail = "down", ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(MAX_BACKOFF, 0.5 * 2 ** (attempt - 1)))
-            request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
-            try:
-                with OPENER.open(request, timeout=self.timeout) as response:
-                    return reply_of(response.read(), self.url)
-            except urllib.error.HTTPError as e:
-                failure, detail = "down", f"{self.url} answered {e.code}"
-                if 300 <= e.code < 400 or (e.code < 500 and e.code != 429):
-                    break  # a redirect or a refusal: the same request will be refused again
-            except (TimeoutError, ConnectionError, urllib.error.URLError, http.client.HTTPException) as e:
-                reason = getattr(e, "reason", e)
-                failure = "timeout" if isinstance(reason, TimeoutError) else "down"
-                detail = f"{self.url}: {type(reason).__name__}: {reason}"
-            except ValueError as e:  # an answer that is not a chat completion
-                failure, detail = "down", str(e)
-            log.warning("judge request failed (%s; try %d of %d)", detail, attempt + 1, self.retries + 1)
-        return JudgeReply(None, failure, f"{detail} (after {attempt + 1} tries, timeout {self.timeout:g}s each)")
+        """One request, retried on what a retry may cure (grpokit.judges.posting); the reply, or the failure."""
+        payload = {**self.body, "messages": [{"role": "user", "content": prompt}]}
+        out = post_json(
+            self.url, payload, self.headers, self.timeout, self.retries, lambda raw: reply_of(raw, self.url)
+        )
+        return JudgeReply(None, out.kind, out.detail) if isinstance(out, Failure) else out
 
 
 def reply_of(raw: bytes, url: str) -> JudgeReply:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grpokit.common.models import resolve_model
+from grpokit.judges.backends import JudgeReply
 from grpokit.judges.template import render_conversation
 
 
@@ -70,3 +71,7 @@ class ClassifierReward:
             logits = self.model(**batch).logits
             out.extend(float(x) for x in logits[:, 0])
         return out
+
+    def judge_conversations(self, conversations: list[list[dict[str, Any]]]) -> list[JudgeReply]:
+        """One reply per conversation: its score as text (a NaN stays "nan": the caller counts it)."""
+        return [JudgeReply(repr(x)) for x in self.score(conversations)]

@@ -25,7 +25,8 @@ from typing import Any
 from grpokit.common.errors import RunDataError
 from grpokit.environments.environment import REWARD_METRIC_PREFIX, Environment, is_moderate
 from grpokit.judges.cache import JudgeCache
-from grpokit.judges.reward import JudgeReward, JudgeSettings
+from grpokit.judges.deferred import Deferred, deferred_here
+from grpokit.judges.reward import Judged, JudgeReward, JudgeSettings
 
 FAILURE_METRICS = {"parse": "parse_failures", "timeout": "timeouts", "down": "down", "nonfinite": "nonfinite"}
 
@@ -42,7 +43,16 @@ class JudgedEnvironment(Environment):
         scored = super().checked_scores(examples, traces, outcomes, *args, **kwargs)
         conversations = [[m.model_dump(exclude_none=True) for m in tr.messages] for tr in traces]
         labels = [f"example {ex.index}" for ex in examples]
-        judged = self.judge.judge(conversations, labels)
+        deferred = deferred_here()
+        if deferred is not None and self.judge.settings.concurrent:  # the rollout loop goes on meanwhile
+            future = self.judge.queue.submit(conversations, labels)
+            deferred.append(Deferred(future, lambda judged: self.with_judge(scored, judged, examples), len(scored)))
+            return scored  # the rubric's part; grpokit.judges.deferred.complete puts the judge's in
+        return self.with_judge(scored, self.judge.judge(conversations, labels), examples)
+
+    def with_judge(self, scored: list, judged: list[Judged], examples: list) -> list[tuple[float, dict]]:
+        """The group's (reward, metrics): the rubric's plus the judge's, after the failure policy."""
+        labels = [f"example {ex.index}" for ex in examples]
         rewards, dropped = self.judge.settle(judged, labels, self.name)
         settings, out = self.judge.settings, []
         for (reward, metrics), judge_reward, j, ex in zip(scored, rewards, judged, examples):
@@ -52,33 +62,41 @@ class JudgedEnvironment(Environment):
                     f"environment {self.name!r} example {ex.index}: reward with judge {settings.name!r} is {total!r}; "
                     "scale the judge down (judge.weight)"
                 )
-            judge_part = judge_metrics(settings.name, judge_reward, j.failure, dropped, self.judge, j.reply)
-            out.append((total, {**metrics, **judge_part}))
+            out.append((total, {**metrics, **judge_metrics(settings.name, judge_reward, j, dropped)}))
         return out
 
 
-def judge_metrics(
-    name: str, score: float, failure: str | None, dropped: bool, judge: JudgeReward, reply: str = ""
-) -> dict[str, float | str]:
+def judge_metrics(name: str, score: float, judged: Judged, dropped: bool) -> dict[str, float | str]:
     """One rollout's judge metrics (see the module docstring), and the judge's reply (a classifier's score,
     or the failure's error) as the str `judge/<name>/reply`, which the Rollout keeps as a note."""
     prefix = f"judge/{name}/"
-    metrics = {f"{prefix}{m}": float(failure == kind) for kind, m in FAILURE_METRICS.items()}
+    metrics: dict[str, float | str] = {f"{prefix}{m}": float(judged.failure == k) for k, m in FAILURE_METRICS.items()}
     metrics[f"{prefix}dropped"] = float(dropped)
-    metrics[f"{prefix}seconds"] = judge.last_seconds
+    metrics[f"{prefix}seconds"] = judged.seconds
     metrics[f"{REWARD_METRIC_PREFIX}{name}"] = score
-    metrics[f"{prefix}reply"] = reply  # a str: the rollout's note for samples.jsonl (grpokit.types.Rollout)
+    metrics[f"{prefix}reply"] = judged.reply  # a str: the rollout's note for samples.jsonl (grpokit.types.Rollout)
     return metrics
 
 
-def judged(env: Environment, cache: JudgeCache | None = None) -> Environment:
+def dropped_by_judge(rollouts: list) -> bool:
+    """Whether a judge's failure dropped this group (`on_failure: drop_group`): the rollout loop leaves it
+    out of the batch, as the buffer rules leave out a filtered group (prompts.jsonl: `judge_failed`)."""
+    return any(
+        value == 1.0 and key.startswith("judge/") and key.endswith("/dropped")
+        for r in rollouts
+        for key, value in r.metrics.items()
+    )
+
+
+def judged(env: Environment, cache: JudgeCache | None = None, merge: bool = False) -> Environment:
     """`env` with the judge its spec names (`judge`), or `env` itself when it names none. The judge's model
-    loads at its first batch, so a bad setting fails here, at start, and a model only when used."""
+    loads at its first batch, so a bad setting fails here, at start, and a model only when used. `merge`:
+    the judge's thread asks several groups' batches as one (grpokit.judges.queue; not in deterministic runs)."""
     value = getattr(env.spec, "judge", None)
     if value is None:
         return env
     settings = JudgeSettings.from_recipe(value, f"data.env {env.spec.id!r}")
-    return JudgedEnvironment(env, JudgeReward(settings, cache))
+    return JudgedEnvironment(env, JudgeReward(settings, cache, merge))
 
 
 def attach_run(envs: list[Environment], run_dir: str | Path) -> None:

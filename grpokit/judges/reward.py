@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -26,6 +27,8 @@ from grpokit.common.errors import RunDataError
 from grpokit.judges.backends import BuiltinJudge, HTTPJudge, JudgeReply
 from grpokit.judges.cache import JudgeCache, cache_key
 from grpokit.judges.classifier import ClassifierReward
+from grpokit.judges.queue import JudgeQueue
+from grpokit.judges.remote_classifier import RemoteClassifier
 from grpokit.judges.template import JudgeFormat, ParseFailure
 
 log = logging.getLogger(__name__)
@@ -40,12 +43,15 @@ class JudgeSettings:
 
     Args:
         kind: "builtin" (its own model in this process), "http" (an OpenAI-compatible chat endpoint) or
-            "classifier" (an AutoModelForSequenceClassification reward model, in this process).
-        model: the judge's model: a path or name (builtin, classifier), the model name sent (http).
+            "classifier" (an AutoModelForSequenceClassification reward model: in this process, or with
+            `base_url` on `grpokit judge`'s server).
+        model: the judge's model: a path or name (builtin, classifier), the model name sent (http; the
+            model `grpokit judge` serves there).
         rubric: what the judge grades by (builtin, http).
         weight: the judge reward's weight in the rollout's reward.
         name: the judge's metric name (env/judge/<name>/...; env/reward/<name> is its score).
-        base_url, api_key_var: the endpoint (".../v1") and the environment variable holding its key (http).
+        base_url, api_key_var: the endpoint (".../v1") and the environment variable holding its key (http;
+            a classifier's server). `grpokit judge` serves the judge at this address.
         parser, score_range, verdicts, template: what the judge is asked and how its reply is read
             (grpokit.judges.template.JudgeFormat).
         max_tokens, temperature: the judge's sampling (0 = greedy, the default).
@@ -54,6 +60,8 @@ class JudgeSettings:
         max_concurrency: requests of a batch in flight at once (http).
         device: where an in-process judge runs ("auto", "cpu", "cuda").
         on_failure, failure_score: the failure policy (see the module docstring).
+        concurrent: judge on a thread of the judge's while the engine generates the next groups
+            (grpokit.judges.queue); false judges each group before the rollout loop goes on.
     """
 
     kind: str
@@ -75,6 +83,7 @@ class JudgeSettings:
     device: str = "auto"
     on_failure: str = "stop"
     failure_score: float = 0.0
+    concurrent: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -102,11 +111,17 @@ class JudgeSettings:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from e
 
+    @property
+    def in_process_device(self) -> str:
+        """Where a classifier runs in this process (or in `grpokit judge`'s): `device`, "auto" = the CPU."""
+        return "cpu" if self.device == "auto" else self.device
+
     def backend(self):
         """The model that answers: a JudgeBackend, or a ClassifierReward."""
+        if self.kind == "classifier" and self.base_url:
+            return RemoteClassifier(self.base_url, self.model, self.api_key_var, self.timeout, self.retries)
         if self.kind == "classifier":
-            device = "cpu" if self.device == "auto" else self.device
-            return ClassifierReward(self.model, device=device)
+            return ClassifierReward(self.model, device=self.in_process_device)
         if self.kind == "builtin":
             return BuiltinJudge(self.model, self.max_tokens, self.temperature, self.timeout, self.device)
         return HTTPJudge(
@@ -123,16 +138,22 @@ class Judged:
     score: float | None
     failure: str | None
     reply: str
+    seconds: float = 0.0  # the time of the judge batch it was in (cache hits included)
 
 
 class JudgeReward:
     """Scores conversations with one judge: cached replies first, the rest asked as one batch."""
 
-    def __init__(self, settings: JudgeSettings, cache: JudgeCache | None = None) -> None:
+    def __init__(self, settings: JudgeSettings, cache: JudgeCache | None = None, merge: bool = False) -> None:
         self.settings, self.cache = settings, cache or JudgeCache()
         self.backend = settings.backend()
         self.counts: Counter = Counter()  # requests, cached, and each failure kind, over the run
-        self.last_seconds = 0.0  # the last batch's time spent asking the judge
+        self.lock = threading.Lock()  # counts: updated from the judge's thread and the rollout loop's
+        self.queue = JudgeQueue(self.judge, merge, name=settings.name)  # judging while the engine generates
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] += n
 
     def judge(self, conversations: list[list[dict[str, Any]]], labels: list[str]) -> list[Judged]:
         """Each conversation's Judged, the "retry" policy applied; `labels` name them in logs and errors."""
@@ -145,14 +166,17 @@ class JudgeReward:
             failed = [i for i, j in enumerate(out) if j.failure is not None]
             if not failed:
                 break
-            self.counts["retried"] += len(failed)
+            self.count("retried", len(failed))
             again = self._ask([conversations[i] for i in failed], [shown[i] for i in failed], [keys[i] for i in failed])
             for i, j in zip(failed, again):
                 out[i] = j
         self.cache.save()
-        self.last_seconds = time.monotonic() - start
+        seconds = time.monotonic() - start
+        for j in out:
+            j.seconds = seconds
         failed = [(label, j) for label, j in zip(labels, out) if j.failure is not None]
-        self.counts.update(j.failure for _, j in failed)
+        for _, j in failed:
+            self.count(j.failure)
         if failed:  # one line a batch: the count, the kinds, and the first failure's reply or error
             kinds = dict(Counter(j.failure for _, j in failed))
             label, first = failed[0]
@@ -172,9 +196,9 @@ class JudgeReward:
         replies: dict[int, str] = {}
         if use_cache:
             replies = {i: r for i, k in enumerate(keys) if (r := self.cache.get(k)) is not None}
-            self.counts["cached"] += len(replies)
+            self.count("cached", len(replies))
         todo = [i for i in range(len(keys)) if i not in replies]
-        self.counts["requests"] += len(todo)
+        self.count("requests", len(todo))
         answers = self._answers([conversations[i] for i in todo], [shown[i] for i in todo])
         out: dict[int, Judged] = {}
         for i, answer in zip(todo, answers):
@@ -191,7 +215,7 @@ class JudgeReward:
         if not shown:
             return []
         if self.settings.kind == "classifier":
-            return [JudgeReply(repr(x)) for x in self.backend.score(conversations)]
+            return self.backend.judge_conversations(conversations)
         return self.backend.ask(shown)
 
     def read(self, reply: str) -> Judged:
@@ -217,9 +241,9 @@ class JudgeReward:
                 f"{policy!r}; set it to 'score' or 'drop_group' to train on, or fix the judge"
             )
         if failed and policy == "drop_group":
-            self.counts["dropped_groups"] += 1
+            self.count("dropped_groups")
             return [0.0] * len(judged), True
-        self.counts["scored_as_value"] += len(failed)
+        self.count("scored_as_value", len(failed))
         return [self.settings.failure_score if j.score is None else j.score for j in judged], False
 
 

@@ -11,6 +11,7 @@ before the batch is sent:
 `trained` are the groups the step's batch holds; `dropped` names the rule that left each other prompt of
 its generation out (in the first step of a generation only, except `off_policy`):
 - `filtered`: its group failed `data.buffer` keep (online_difficulty_filtering, dynamic_sampling);
+- `judge_failed`: its judge failed under `on_failure: drop_group` (grpokit.judges);
 - `surplus`: kept, but past the groups a generation needs (oversampling, a resampling round's extra);
 - `too_long`: its prompt is longer than the prompt limit, never sampled;
 - `unused_round`: in a resampling round the generation did not need (whole-batch generation);
@@ -32,8 +33,10 @@ import json
 import os
 from pathlib import Path
 
+from grpokit.judges import dropped_by_judge
+
 RECORD = "prompts.jsonl"
-RULES = ("filtered", "surplus", "too_long", "unused_round", "off_policy")
+RULES = ("filtered", "judge_failed", "surplus", "too_long", "unused_round", "off_policy")
 
 
 def append_record(run_dir: Path, record: dict) -> None:
@@ -119,6 +122,8 @@ def step_record(step: int, gen, iteration: int, groups: list, chunk_groups: list
         kept = {g[0].group_id for g in gen.kept}
         for g in gen.generated:
             if g[0].group_id not in kept:
-                dropped.setdefault("surplus" if keep([r.reward for r in g]) else "filtered", []).append(g[0].group_id)
+                rule = "surplus" if keep([r.reward for r in g]) else "filtered"
+                rule = "judge_failed" if dropped_by_judge(g) else rule
+                dropped.setdefault(rule, []).append(g[0].group_id)
         dropped.update(gen.skipped)
     return {"step": step, "generation": gen.index, "iteration": iteration, "trained": trained, "dropped": dropped}

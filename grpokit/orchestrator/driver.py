@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from grpokit.common.errors import RunDataError
 from grpokit.common.timeline import record_timeline
+from grpokit.judges import dropped_by_judge
 from grpokit.orchestrator.group_play import GroupPlay, PendingGroup, whole_batch_stream
 from grpokit.orchestrator.prompt_length import split_by_length
 from grpokit.orchestrator.streaming import StreamingSettings
@@ -245,7 +246,7 @@ class RolloutDriver:
             rewards = [r.reward for r in rollouts]
             if loop.pools is not None:
                 loop.pools.observe(self.generation, loop.prompts.key_of(p.env, p.example), sum(rewards) / len(rewards))
-            (self.ready if keep(rewards) else self.dropped).append(rollouts)
+            (self.ready if keep(rewards) and not dropped_by_judge(rollouts) else self.dropped).append(rollouts)
             steps = [s for r in rollouts for s in (r.token_steps or [r.policy_step])]
             record_timeline(
                 loop.run_dir,

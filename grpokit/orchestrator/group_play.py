@@ -11,13 +11,20 @@ scored groups, for every kind of prompt.
   submitted, every role that waits for a reply is a request of its own, and the episode's code runs on
   as each reply comes back; the group is scored (the Env's finalize included) when its last episode ends.
 
+A group is scored when its last completion returns; a judge's part of its reward (grpokit.judges) is
+asked on the judge's own thread while the stream generates on, and the group is handed on, in the order
+the groups finished, once the judge has answered (grpokit.judges.deferred).
+
 The rollout driver (grpokit.orchestrator.driver) decides what is submitted when and what the finished
 groups are for; `generate_rollouts` (grpokit.orchestrator.rollouts) plays a list of prompts to the end.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grpokit.environments.chat_tokens import ChatTokens
@@ -27,9 +34,12 @@ from grpokit.environments.multi_turn import SEED_STRIDE, conversation_rollouts, 
 from grpokit.environments.toolsets import close_toolsets
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.inference.streams import BatchedStream, FinishedGroup, GenerationStream, GroupRequest
+from grpokit.judges.deferred import Deferred, complete, deferring, ready
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.rollouts import TurnLimits, sampled_group
 from grpokit.types import Rollout
+
+JUDGE_WAIT = 0.1  # seconds advance waits for a judge when nothing is left to generate
 
 
 @dataclass
@@ -97,8 +107,8 @@ class GroupPlay:
         self.max_tokens = stream.sampling.max_tokens
         self.chat: ChatTokens | None = None  # for multi-turn prompts, made at the first one
         self.episodes: EpisodeTable | None = None  # verifiers Env episodes in play, made at the first one
-        self.open = 0  # prompts submitted whose group has not completed (every turn of it)
-        self._completed: list[tuple[PendingGroup, list[Rollout]]] = []
+        self.open = 0  # prompts submitted whose group has not been handed out (generated and judged)
+        self._scored: collections.deque[tuple[PendingGroup, list[Rollout], list[Deferred]]] = collections.deque()
 
     def submit(self, pending: PendingGroup) -> None:
         self.open += 1
@@ -108,9 +118,17 @@ class GroupPlay:
             self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
 
     def advance(self) -> list[tuple[PendingGroup, list[Rollout]]]:
-        """One advance of the stream; the groups it completed (and any an episode start completed)."""
+        """One advance of the stream; the groups completed since (any an episode start completed too), in
+        the order their generation ended, each once its judges have answered (grpokit.judges.deferred).
+        With nothing left to generate, it waits up to JUDGE_WAIT seconds for the oldest group's judges."""
         self._collect(self.stream.advance())
-        completed, self._completed = self._completed, []
+        if self._scored and not ready(self._scored[0][2]) and not self.stream.inflight:
+            concurrent.futures.wait([d.future for d in self._scored[0][2]], timeout=JUDGE_WAIT)
+        completed = []
+        while self._scored and ready(self._scored[0][2]):
+            pending, rollouts, deferred = self._scored.popleft()
+            self.open -= 1
+            completed.append((pending, complete(rollouts, deferred)))
         return completed
 
     def close(self) -> None:
@@ -133,18 +151,25 @@ class GroupPlay:
                 if not key.conv.done:
                     self._next_turn(key.state, key.conv)
                 elif not key.state.open:
-                    self._done(key.state.pending, key.state.rollouts(self.tokenizer))
+                    self._score(key.state.pending, lambda state=key.state: state.rollouts(self.tokenizer))
             elif is_multi_turn(key.example.task, getattr(key.example, "toolsets", None)):
                 self._start_conversations(key, group.completions)
             else:
-                rollouts = sampled_group(
-                    key.env, key.example, key.prompt_ids, group.completions, key.group_id, self.tokenizer
+                self._score(
+                    key,
+                    lambda key=key, group=group: sampled_group(
+                        key.env, key.example, key.prompt_ids, group.completions, key.group_id, self.tokenizer
+                    ),
                 )
-                self._done(key, rollouts)
 
-    def _done(self, pending: PendingGroup, rollouts: list[Rollout]) -> None:
-        self.open -= 1
-        self._completed.append((pending, rollouts))
+    def _score(self, pending: PendingGroup, rollouts_of: Callable[[], list[Rollout]]) -> None:
+        """Score a group that finished generating; a judge's part comes later, while the engine goes on."""
+        with deferring() as deferred:
+            rollouts = rollouts_of()
+        self._done(pending, rollouts, deferred)
+
+    def _done(self, pending: PendingGroup, rollouts: list[Rollout], deferred: list[Deferred] | None = None) -> None:
+        self._scored.append((pending, rollouts, deferred or []))
 
     def _start_conversations(self, p: PendingGroup, completions: list) -> None:
         """A multi-turn prompt's first turn finished: G conversations, each continuing on its own."""
@@ -155,7 +180,7 @@ class GroupPlay:
             if not conv.done:
                 self._next_turn(state, conv)
         if not state.open:
-            self._done(p, state.rollouts(self.tokenizer))
+            self._score(p, lambda: state.rollouts(self.tokenizer))
 
     def _start_episodes(self, p: PendingGroup) -> None:
         """An Env-episode prompt: its G episodes start, and play until they wait for replies."""

@@ -178,11 +178,11 @@ def load_inputs(settings: RolloutSettings, tokenizer) -> RolloutInputs:
     vocabulary; grpokit.orchestrator.Orchestrator.prepare keeps what it returns), before the engine loads
     the model, so a bad dataset or filter setting stops the start in seconds, as one line naming it.
     An environment with a `judge` gets its judge reward (grpokit.judges; the judges share one cache)."""
-    cache = JudgeCache()
-    training = [judged(Environment(spec), cache) for spec in settings.env_specs]
+    cache, merge = JudgeCache(), not settings.deterministic  # merged judge batches depend on timing
+    training = [judged(Environment(spec), cache, merge) for spec in settings.env_specs]
     evaluation = None
     if settings.eval_settings is not None and settings.eval_settings.env:
-        evaluation = [judged(Environment(spec), cache) for spec in settings.eval_settings.env]
+        evaluation = [judged(Environment(spec), cache, merge) for spec in settings.eval_settings.env]
     for f in settings.filters:
         f.connect(tokenizer)
     experts = None

@@ -16,20 +16,6 @@ from tests.support import read_metrics
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "judge_exclaim.yaml"
 
 
-@pytest.fixture(scope="module")
-def tiny_classifier(tiny_model, tmp_path_factory) -> str:
-    """A random one-label classifier the shape grpokit.envs.exclaim.train_judge trains, untrained."""
-    from transformers import AutoTokenizer
-
-    from grpokit.envs.exclaim.train_judge import build_model
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    path = tmp_path_factory.mktemp("exclaim-rm")
-    build_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def test_the_recipe_names_a_classifier_judge_as_the_only_reward():
     (env,) = yaml.safe_load(RECIPE.read_text())["data"]["env"]
     settings = JudgeSettings.from_recipe(env["judge"], "data.env 'exclaim'")
@@ -72,3 +58,24 @@ def test_a_str_metric_is_a_note_and_a_reward_metric_has_its_spread():
     metrics = batch_metrics(0, rollouts, torch.tensor([[0.0, 1.0, 0.5]], dtype=torch.float64), {})
     assert metrics["env/reward/rm"] == pytest.approx(0.5) and metrics["env/reward/rm_std"] == pytest.approx(0.408248)
     assert metrics["env/reward/rm_min"] == 0.0 and metrics["env/reward/rm_max"] == 1.0
+
+
+def test_groups_a_failed_judge_drops_are_left_out_of_the_batch(tmp_path, tiny_model):
+    """on_failure drop_group: a dead judge's groups are not trained (groups_trained 0) and prompts.jsonl
+    names why (judge_failed); the run goes on."""
+    from tests.judges.helpers import dead_url
+
+    judge = {"kind": "http", "model": "j", "base_url": dead_url(), "rubric": "r", "name": "rm", "retries": 0}
+    env = {"id": "exclaim", "args": {"num_tasks": 16}, "judge": {**judge, "on_failure": "drop_group"}}
+    argv = [
+        "fit", "--config", str(RECIPE), "--output_dir", str(tmp_path), "--run_name", "d",
+        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
+        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "4", "--data.seq_len", "128",
+        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rows = read_metrics(tmp_path / "d")
+    assert [float(r["groups_trained"]) for r in rows] == [0.0, 0.0]
+    assert all(float(r["env/judge/rm/dropped"]) == 1.0 and float(r["env/judge/rm/down"]) == 1.0 for r in rows)
+    records = [json.loads(line) for line in open(tmp_path / "d" / "prompts.jsonl")]
+    assert [sorted(r["dropped"]["judge_failed"]) for r in records if r["step"] is not None] == [[0, 1], [2, 3]]
