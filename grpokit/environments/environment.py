@@ -62,7 +62,8 @@ class EnvSpec:
             `user-sim+reverse-text` pairs verifiers' Env `user-sim` with the taskset `reverse-text`, as
             verifiers names pairs), e.g. `{user: {max_turns: 4}}`; see grpokit.environments.episodes.
         judge: a reward from a model added to the rubric's with a weight (`{kind, model, rubric, weight,
-            on_failure, ...}`: grpokit.judges.reward.JudgeSettings, docs/judges.md); null = none.
+            on_failure, ...}`: grpokit.judges.reward.JudgeSettings, docs/judges.md), or a list of them
+            (each with its own `name`); null = none.
     """
 
     id: str
@@ -70,7 +71,7 @@ class EnvSpec:
     name: str | None = None
     ratio: float | None = None
     env_args: dict[str, Any] = field(default_factory=dict)
-    judge: dict[str, Any] | None = None
+    judge: dict[str, Any] | list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.ratio is not None and not (is_number(self.ratio) and math.isfinite(self.ratio) and self.ratio >= 0):

@@ -27,10 +27,10 @@ _local = threading.local()
 
 @dataclass
 class Deferred:
-    """A judge batch in flight for `count` consecutive rollouts of a group: `finish(judge results)` gives
-    their final (reward, metrics)."""
+    """The judges' batches in flight (one future per judge) for `count` consecutive rollouts of a group:
+    `finish([each judge's results])` gives their final (reward, metrics)."""
 
-    future: Future
+    futures: list[Future]
     finish: Callable[[list], list[tuple[float, dict]]]
     count: int
 
@@ -52,7 +52,7 @@ def deferred_here() -> list[Deferred] | None:
 
 
 def ready(deferred: list[Deferred]) -> bool:
-    return all(d.future.done() for d in deferred)
+    return all(f.done() for d in deferred for f in d.futures)
 
 
 def complete(rollouts: list[Rollout], deferred: list[Deferred]) -> list[Rollout]:
@@ -60,7 +60,7 @@ def complete(rollouts: list[Rollout], deferred: list[Deferred]) -> list[Rollout]
     judge's or the failure policy's error raises here."""
     start = 0
     for d in deferred:
-        scores = d.finish(d.future.result())
+        scores = d.finish([f.result() for f in d.futures])
         for rollout, (reward, metrics) in zip(rollouts[start : start + d.count], scores):
             rollout.reward = reward
             rollout.metrics = {**rollout.metrics, **{k: v for k, v in metrics.items() if not isinstance(v, str)}}

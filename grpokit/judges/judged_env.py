@@ -6,6 +6,8 @@
           judge: {kind: builtin, model: HuggingFaceTB/SmolLM2-135M-Instruct, weight: 0.5,
                   rubric: "The reply is the prompt's text reversed, nothing else.", on_failure: score}
 
+`judge` may be a list of such settings (each with its own `name`): every judge's weighted score is added.
+
 A JudgedEnvironment is the environment with `checked_scores` extended: every scoring path of an
 environment (a single-turn group, a multi-turn group's conversations, a verifiers Env episode's traces)
 ends there with the group's verifiers traces, so the judge sees each rollout's whole conversation as the
@@ -20,7 +22,6 @@ judge's reply (a classifier's score) is the rollout's note `judge/<name>/reply` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from grpokit.common.errors import RunDataError
 from grpokit.environments.environment import REWARD_METRIC_PREFIX, Environment, is_moderate
@@ -32,38 +33,44 @@ FAILURE_METRICS = {"parse": "parse_failures", "timeout": "timeouts", "down": "do
 
 
 class JudgedEnvironment(Environment):
-    """An environment whose rewards include a judge's: the loaded environment's examples and rubric,
-    shared (not reloaded), with `judge` added in `checked_scores`."""
+    """An environment whose rewards include its judges': the loaded environment's examples and rubric,
+    shared (not reloaded), with each judge of `judges` added in `checked_scores`."""
 
-    def __init__(self, env: Environment, judge: JudgeReward) -> None:
+    def __init__(self, env: Environment, judges: list[JudgeReward]) -> None:
         self.__dict__.update(env.__dict__)
-        self.judge = judge
+        self.judges = judges
 
     def checked_scores(self, examples: list, traces: list, outcomes: list, *args, **kwargs) -> list:
         scored = super().checked_scores(examples, traces, outcomes, *args, **kwargs)
         conversations = [[m.model_dump(exclude_none=True) for m in tr.messages] for tr in traces]
         labels = [f"example {ex.index}" for ex in examples]
         deferred = deferred_here()
-        if deferred is not None and self.judge.settings.concurrent:  # the rollout loop goes on meanwhile
-            future = self.judge.queue.submit(conversations, labels)
-            deferred.append(Deferred(future, lambda judged: self.with_judge(scored, judged, examples), len(scored)))
-            return scored  # the rubric's part; grpokit.judges.deferred.complete puts the judge's in
-        return self.with_judge(scored, self.judge.judge(conversations, labels), examples)
+        if deferred is not None and all(j.settings.concurrent for j in self.judges):  # the loop goes on meanwhile
+            futures = [j.queue.submit(conversations, labels) for j in self.judges]
+            deferred.append(Deferred(futures, lambda judged: self.with_judges(scored, judged, examples), len(scored)))
+            return scored  # the rubric's part; grpokit.judges.deferred.complete puts the judges' in
+        return self.with_judges(scored, [j.judge(conversations, labels) for j in self.judges], examples)
 
-    def with_judge(self, scored: list, judged: list[Judged], examples: list) -> list[tuple[float, dict]]:
-        """The group's (reward, metrics): the rubric's plus the judge's, after the failure policy."""
+    def with_judges(self, scored: list, judged: list[list[Judged]], examples: list) -> list[tuple[float, dict]]:
+        """The group's (reward, metrics): the rubric's plus each judge's weighted score, after each judge's
+        failure policy (one judge dropping the group drops it: every reward 0)."""
         labels = [f"example {ex.index}" for ex in examples]
-        rewards, dropped = self.judge.settle(judged, labels, self.name)
-        settings, out = self.judge.settings, []
-        for (reward, metrics), judge_reward, j, ex in zip(scored, rewards, judged, examples):
-            total = 0.0 if dropped else reward + settings.weight * judge_reward
-            if not is_moderate(total):
+        totals = [reward for reward, _ in scored]
+        metrics = [dict(m) for _, m in scored]
+        settled = [judge.settle(js, labels, self.name) for judge, js in zip(self.judges, judged)]
+        dropped = any(d for _, d in settled)
+        for judge, js, (rewards, _) in zip(self.judges, judged, settled):
+            for i, (judge_reward, j) in enumerate(zip(rewards, js)):
+                totals[i] += judge.settings.weight * judge_reward
+                metrics[i].update(judge_metrics(judge.settings.name, judge_reward, j, dropped))
+        for total, ex in zip(totals, examples):
+            if not dropped and not is_moderate(total):
+                names = [j.settings.name for j in self.judges]
                 raise RunDataError(
-                    f"environment {self.name!r} example {ex.index}: reward with judge {settings.name!r} is {total!r}; "
-                    "scale the judge down (judge.weight)"
+                    f"environment {self.name!r} example {ex.index}: reward with judges {names} is {total!r}; "
+                    "scale the judges down (judge.weight)"
                 )
-            out.append((total, {**metrics, **judge_metrics(settings.name, judge_reward, j, dropped)}))
-        return out
+        return [(0.0 if dropped else total, m) for total, m in zip(totals, metrics)]
 
 
 def judge_metrics(name: str, score: float, judged: Judged, dropped: bool) -> dict[str, float | str]:
@@ -89,20 +96,28 @@ def dropped_by_judge(rollouts: list) -> bool:
 
 
 def judged(env: Environment, cache: JudgeCache | None = None, merge: bool = False) -> Environment:
-    """`env` with the judge its spec names (`judge`), or `env` itself when it names none. The judge's model
-    loads at its first batch, so a bad setting fails here, at start, and a model only when used. `merge`:
-    the judge's thread asks several groups' batches as one (grpokit.judges.queue; not in deterministic runs)."""
+    """`env` with the judges its spec names (`judge`: one judge's settings, or a list of them with distinct
+    names), or `env` itself when it names none. The judges' models load at their first batch, so a bad
+    setting fails here, at start, and a model only when used. `merge`: a judge's thread asks several
+    groups' batches as one (grpokit.judges.queue; not in deterministic runs)."""
     value = getattr(env.spec, "judge", None)
     if value is None:
         return env
-    settings = JudgeSettings.from_recipe(value, f"data.env {env.spec.id!r}")
-    return JudgedEnvironment(env, JudgeReward(settings, cache, merge))
+    where = f"data.env {env.spec.id!r}"
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"{where}: judge is an empty list; give one judge's settings, a list of them, or null")
+    settings = [JudgeSettings.from_recipe(v, where) for v in values]
+    names = [s.name for s in settings]
+    if len(set(names)) < len(names):
+        raise ValueError(f"{where}: judges {names} share a name; give each its own `name` (their metrics' name)")
+    return JudgedEnvironment(env, [JudgeReward(s, cache, merge) for s in settings])
 
 
 def attach_run(envs: list[Environment], run_dir: str | Path) -> None:
     """Keep the judges' replies of `envs` in the run folder (grpokit.judges.cache), reading what an
     earlier attempt of the run stored, so that a resumed run scores as the uninterrupted one did."""
     for env in envs:
-        judge: Any = getattr(env, "judge", None)
-        if judge is not None and judge.cache.path is None:
-            judge.cache.attach(run_dir)
+        for judge in getattr(env, "judges", ()):
+            if judge.cache.path is None:
+                judge.cache.attach(run_dir)

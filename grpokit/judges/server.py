@@ -142,8 +142,9 @@ def served_judge(recipe: dict[str, Any], name: str | None = None) -> tuple[Judge
     entries = [*(data.get("env") or []), *((data.get("eval") or {}).get("env") or [])]
     judges: dict[str, JudgeSettings] = {}
     for entry in entries:
-        if entry.get("judge") is not None:
-            settings = JudgeSettings.from_recipe(entry["judge"], f"data.env {entry.get('id')!r}")
+        value = entry.get("judge")
+        for one in value if isinstance(value, list) else [value] if value is not None else []:
+            settings = JudgeSettings.from_recipe(one, f"data.env {entry.get('id')!r}")
             if settings.base_url and (name is None or settings.name == name):
                 judges.setdefault(settings.base_url, settings)
     if not judges:

@@ -123,7 +123,7 @@ class GroupPlay:
         With nothing left to generate, it waits up to JUDGE_WAIT seconds for the oldest group's judges."""
         self._collect(self.stream.advance())
         if self._scored and not ready(self._scored[0][2]) and not self.stream.inflight:
-            concurrent.futures.wait([d.future for d in self._scored[0][2]], timeout=JUDGE_WAIT)
+            concurrent.futures.wait([f for d in self._scored[0][2] for f in d.futures], timeout=JUDGE_WAIT)
         completed = []
         while self._scored and ready(self._scored[0][2]):
             pending, rollouts, deferred = self._scored.popleft()

@@ -41,7 +41,7 @@ def play_groups(engine, env: Environment) -> tuple[list, list[tuple[float, float
     sampling = SamplingSettings(temperature=1.0, max_tokens=6, seed=3)
     stream = engine.open_stream(sampling, GROUP, "continue", 256)
     play = GroupPlay(stream, engine, engine.tokenizer, GROUP, TurnLimits())
-    score, batches = env.judge.backend.score, []
+    score, batches = env.judges[0].backend.score, []
 
     def slow_score(conversations):
         start = time.monotonic()
@@ -50,7 +50,7 @@ def play_groups(engine, env: Environment) -> tuple[list, list[tuple[float, float
         batches.append((start, time.monotonic()))
         return out
 
-    env.judge.backend.score = slow_score
+    env.judges[0].backend.score = slow_score
     forward, forwards = engine.model.forward, []
 
     def timed_forward(*args, **kwargs):

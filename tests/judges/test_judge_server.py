@@ -100,6 +100,7 @@ def test_the_recipe_names_the_judge_to_serve():
     with pytest.raises(ValueError, match="--name"):
         served_judge(recipe_with(served, other))
     assert served_judge(recipe_with(served, other), "rm2")[1] == ("127.0.0.1", 8101)
+    assert served_judge({"data": {"env": [{"id": "e", "judge": [local, served]}]}})[0].name == "rm"  # a list
     for bad in ("https://127.0.0.1:8100/v1", "http://127.0.0.1/v1", "http://127.0.0.1:8100/api"):
         with pytest.raises(ValueError, match="judge.base_url"):
             address_of(bad)

@@ -43,7 +43,7 @@ def test_a_dropped_group_gets_equal_zero_rewards_and_is_counted():
     scored = env.score([example] * 3, ["a", "b", example.messages[-1]["content"][::-1]])
     assert [r for r, _ in scored] == [0.0, 0.0, 0.0]
     assert all(m["judge/judge/down"] == 1.0 and m["judge/judge/dropped"] == 1.0 for _, m in scored)
-    assert env.judge.counts["dropped_groups"] == 1
+    assert env.judges[0].counts["dropped_groups"] == 1
 
 
 def test_an_environment_without_a_judge_is_left_as_it_is():
@@ -60,3 +60,19 @@ def test_a_recipe_gives_an_environment_a_judge():
     judge = {"kind": "http", "model": "j", "base_url": "http://127.0.0.1:8000/v1", "rubric": RUBRIC, "weight": 0.5}
     text = parse_recipe(["--config", recipe, "--data.env", yaml.safe_dump([{"id": "reverse-text", "judge": judge}])])
     assert yaml.safe_load(text)["data"]["env"][0]["judge"] == judge
+
+
+def test_two_judges_each_add_their_weighted_score_and_metrics():
+    """`judge` as a list: each judge is asked, its weighted score added, its metrics under its own name;
+    two judges with one name are refused at start."""
+    with ScriptedServer([answer("Score: 5")]) as five, ScriptedServer([answer("Verdict: yes")]) as yes:
+        first = {"kind": "http", "model": "j", "base_url": five.url, "rubric": RUBRIC, "weight": 0.5, "name": "a"}
+        second = {**first, "base_url": yes.url, "parser": "verdict", "weight": 2.0, "name": "b"}
+        env = judged(Environment(EnvSpec(id="reverse-text", judge=[first, second])), JudgeCache())
+        example = env.examples[0]
+        scored = env.score([example] * 2, ["x", "y"])
+    plain = Environment(EnvSpec(id="reverse-text")).score([example] * 2, ["x", "y"])
+    assert [r for r, _ in scored] == pytest.approx([r + 0.5 * 0.5 + 2.0 * 1.0 for r, _ in plain])
+    assert scored[0][1]["reward/a"] == 0.5 and scored[0][1]["reward/b"] == 1.0
+    with pytest.raises(ValueError, match="share a name"):
+        judged(Environment(EnvSpec(id="reverse-text", judge=[first, {**second, "name": "a"}])))
