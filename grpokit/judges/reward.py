@@ -62,6 +62,8 @@ class JudgeSettings:
         on_failure, failure_score: the failure policy (see the module docstring).
         concurrent: judge on a thread of the judge's while the engine generates the next groups
             (grpokit.judges.queue); false judges each group before the rollout loop goes on.
+        serve, startup_timeout: the run starts `grpokit judge` at `base_url` for its length and waits up
+            to startup_timeout seconds for it (grpokit.judges.launch); false: a server already runs there.
     """
 
     kind: str
@@ -84,12 +86,16 @@ class JudgeSettings:
     on_failure: str = "stop"
     failure_score: float = 0.0
     concurrent: bool = True
+    serve: bool = False
+    startup_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"judge.kind must be one of {KINDS}, got {self.kind!r}")
         if self.on_failure not in POLICIES:
             raise ValueError(f"judge.on_failure must be one of {POLICIES}, got {self.on_failure!r}")
+        if self.serve and not self.base_url:
+            raise ValueError("judge.serve needs judge.base_url: the address the run starts `grpokit judge` at")
         if self.kind == "http" and not self.base_url:
             raise ValueError("judge.kind http needs judge.base_url (e.g. http://127.0.0.1:8000/v1)")
         if self.kind != "classifier" and not self.rubric.strip():

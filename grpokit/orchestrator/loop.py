@@ -26,6 +26,7 @@ from grpokit.environments.environment import UnscoredEnvironment
 from grpokit.filter import flag_all
 from grpokit.inference import InferenceEngine
 from grpokit.judges import attach_run
+from grpokit.judges.launch import start_judge_servers, stop_judge_servers
 from grpokit.orchestrator.accounting import RECORD, accounted_before, append_record, read_records, repair, step_record
 from grpokit.orchestrator.driver import RolloutDriver
 from grpokit.orchestrator.evaluation import Evaluator
@@ -56,6 +57,13 @@ class Generation:
     eval_metrics: dict[str, float]
     prompts_too_long: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)  # positions never sampled, by rule (accounting)
+
+
+def attach_judges(envs: list, run_dir: Path) -> list:
+    """The judges of `envs` keep their replies in the run folder (a resume scores as the first run did),
+    and those with `serve` get their `grpokit judge` started (grpokit.judges.launch); returns those."""
+    attach_run(envs, run_dir)
+    return start_judge_servers(envs, run_dir)
 
 
 class RolloutLoop:
@@ -101,7 +109,7 @@ class RolloutLoop:
         if hasattr(engine, "pin_weights"):  # RemoteEngine: each request asks for at most the step held, in order
             engine.pin_weights = settings.deterministic
         scored = inputs.training
-        attach_run([*scored, *(inputs.evaluation or [])], self.run_dir)  # judges' replies kept for a resume
+        self.judge_servers = attach_judges([*scored, *(inputs.evaluation or [])], self.run_dir)
         self.envs = [UnscoredEnvironment(env) for env in scored] if settings.buffer.skip_verification else scored
         self.pools = self._restored_pools(run.restore_buffer)
         self.prompts = self._prompt_sampler()
@@ -180,6 +188,8 @@ class RolloutLoop:
                 append_record(self.run_dir, {"step": None, "unfinished": self.driver.leftover()})
         finally:
             self.driver.close()
+            stop_judge_servers(self.judge_servers)
+            self.judge_servers = []
 
     def _resume_accounting(self, first: int) -> None:
         """Cut a killed writer's partial line of prompts.jsonl; a resumed stream continues at the first

@@ -84,3 +84,30 @@ def test_grpokit_judge_without_a_served_judge_names_the_key(tmp_path):
     argv = [sys.executable, "-m", "grpokit", "judge", "--config", str(RECIPES / "judge_exclaim.yaml")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "data.env[i].judge.base_url" in done.stderr, done.stderr
+
+
+def test_a_fit_starts_and_stops_the_judge_server_it_serves(tmp_path, tiny_model, tiny_classifier):
+    """judge.serve: `grpokit fit` starts `grpokit judge` at the judge's base_url for the run, judges over
+    HTTP with it, and stops it at the end (the port is free again); its log is in the run folder."""
+    import socket
+
+    from grpokit.main import main
+
+    port = free_port()
+    judge = {"kind": "classifier", "model": tiny_classifier, "name": "rm", "serve": True}
+    judge["base_url"] = f"http://127.0.0.1:{port}/v1"
+    env = {"id": "exclaim", "args": {"num_tasks": 16}, "judge": judge}
+    argv = [
+        "fit", "--config", str(RECIPES / "judge_exclaim.yaml"), "--output_dir", str(tmp_path), "--run_name", "s",
+        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
+        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
+        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    run = tmp_path / "s"
+    for r in read_metrics(run):
+        assert float(r["reward"]) == pytest.approx(float(r["env/reward/rm"])) and float(r["env/judge/rm/down"]) == 0
+    assert "serving judge 'rm'" in (run / "judge_rm.log").read_text()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))  # the judge server is gone

@@ -16,21 +16,16 @@ and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for th
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpokit
 from grpokit.common.models import resolve_model
+from grpokit.common.server_process import ServerProcess
 from grpokit.common.waits import check_seconds
 from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
 
@@ -186,104 +181,15 @@ def serve_env(serve: VLLMServe, lora: bool, worker_extension: str | None = None)
     return {**env, **{k: str(v) for k, v in serve.env.items()}}
 
 
-class VLLMServer:
-    """A vLLM server child process: start, wait until it serves, stop."""
+class VLLMServer(ServerProcess):
+    """A vLLM server child process (grpokit.common.server_process): start, wait until it serves, stop."""
 
-    def __init__(self, command: list[str], env: dict[str, str], url: str, served_name: str, log_path: Path) -> None:
-        self.command, self.env, self.url, self.served_name, self.log_path = (
-            command,
-            env,
-            url,
-            served_name,
-            Path(log_path),
-        )
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting vLLM: %s (output in %s)", " ".join(self.command), self.log_path)
-        with open(self.log_path, "ab") as out:
-            try:
-                self.process = subprocess.Popen(
-                    self.command,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=self.env,
-                    start_new_session=True,
-                    preexec_fn=_term_with_parent(os.getpid()),
-                )
-            except (FileNotFoundError, PermissionError) as e:
-                raise FileNotFoundError(
-                    f"cannot start vLLM: {self.command[0]!r} ({e.strerror}). Install vLLM in this "
-                    "environment (pip install vllm), or set inference.init_args.serve.command to "
-                    "the program that starts it (e.g. [/path/to/venv/bin/vllm, serve])"
-                ) from e
-
-    def wait_ready(self, timeout: float) -> float:
-        """Block until /v1/models lists the served model; returns the seconds it took."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with code {self.process.returncode} while "
-                    f"starting; the end of {self.log_path}:\n{self.log_tail()}"
-                )
-            if self.serves():
-                return time.monotonic() - start
-            time.sleep(1.0)
-        self.stop(5.0)
-        raise TimeoutError(
-            f"vLLM did not serve {self.served_name!r} at {self.url} within {timeout:.0f}s "
-            f"(inference.init_args.serve.startup_timeout); the end of {self.log_path}:\n{self.log_tail()}"
-        )
-
-    def serves(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/models", timeout=5) as response:
-                return self.served_name in response.read().decode()
-        except OSError:
-            return False
-
-    def wait(self) -> int:
-        """Block until the server exits; its exit code."""
-        return self.process.wait()
-
-    def stop(self, timeout: float) -> int | None:
-        """SIGTERM the server, SIGKILL its process group after `timeout` seconds; its exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("vLLM did not stop within %.0fs of SIGTERM: killing its process group", timeout)
-        _kill_group(self.process.pid)  # vLLM's engine-core workers, if any outlived it
-        return self.process.wait()
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _term_with_parent(parent_pid: int):
-    """A preexec_fn asking Linux to SIGTERM the server when grpokit dies (None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def set_death_signal() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:  # grpokit died before prctl took effect
-            os._exit(1)
-
-    return set_death_signal
+    what = "vLLM"
+    timeout_key = "inference.init_args.serve.startup_timeout"
+    missing_hint = (
+        "Install vLLM in this environment (pip install vllm), or set inference.init_args.serve.command to "
+        "the program that starts it (e.g. [/path/to/venv/bin/vllm, serve])"
+    )
 
 
 def check_port_free(host: str, port: int) -> None:
