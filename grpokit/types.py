@@ -247,6 +247,9 @@ class WeightUpdate:
             The engine loads them after `tensors`, so they win over a full update's clean norms.
         in_engine: the broadcast has put the weights into the engine's own workers already (VLLMNCCLBroadcast):
             `tensors` is empty, and a LoRA update's `path` is a folder on the engine's machine.
+        probe: the weight probe (grpokit.common.weight_probe) as the trainer published it with these
+            weights, `{"token_ids", "logprobs"}`: what an engine that cannot show its tensors (vLLM) is
+            checked against; None: not published.
     """
 
     step: int
@@ -255,6 +258,7 @@ class WeightUpdate:
     path: str | None = None
     norm_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     in_engine: bool = False
+    probe: dict[str, list] | None = None
 
     def wire_tensors(self) -> dict[str, torch.Tensor]:
         """`tensors` and `norm_tensors` in one dict (norms under NORMS_PREFIX), for broadcasts that send one list."""

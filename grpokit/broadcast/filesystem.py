@@ -52,6 +52,7 @@ ADAPTER_FILE, ADAPTER_CONFIG, FULL_FILE, STABLE = (
     "STABLE",
 )
 NORMS_FILE = "noisy_norms.safetensors"
+PROBE_FILE = "probe.json"  # the trainer's logprobs of the weight probe (grpokit.common.weight_probe)
 _READERS = itertools.count()
 
 
@@ -93,6 +94,17 @@ def _load(path: Path, checksums: dict | None, step: int) -> dict:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         _check(path, data, checksums, step)
     return tensors
+
+
+def _probe(path: Path, checksums: dict | None, step: int) -> dict[str, list]:
+    """The weight probe the trainer published with `step` (checked like every file of it)."""
+    raw = path.read_bytes()
+    _check(path, raw, checksums, step)
+    try:
+        probe = json.loads(raw)
+        return {"token_ids": [int(t) for t in probe["token_ids"]], "logprobs": [float(x) for x in probe["logprobs"]]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise DamagedStepError(f"{path} is not a weight probe: {e}") from e
 
 
 class FilesystemBroadcast(WeightBroadcast):
@@ -140,6 +152,8 @@ class FilesystemBroadcast(WeightBroadcast):
             files[FULL_FILE] = _safetensors_bytes(update.tensors)
         if update.norm_tensors:
             files[NORMS_FILE] = _safetensors_bytes(update.norm_tensors)
+        if update.probe is not None:
+            files[PROBE_FILE] = json.dumps(update.probe).encode()
         for name, data in files.items():
             atomic_write_bytes(folder / name, data)
         return {name: bytes_checksum(data) for name, data in files.items()}
@@ -186,6 +200,12 @@ class FilesystemBroadcast(WeightBroadcast):
         d = self.step_dir(step)
         checksums = self.checksums(step)
         norms = _load(d / NORMS_FILE, checksums, step) if (d / NORMS_FILE).exists() else {}
+        probe = _probe(d / PROBE_FILE, checksums, step) if (d / PROBE_FILE).exists() else None
+        update = self._read_weights(d, checksums, step, norms)
+        update.probe = probe
+        return update
+
+    def _read_weights(self, d: Path, checksums: dict | None, step: int, norms: dict) -> WeightUpdate:
         if (d / ADAPTER_FILE).exists():
             raw = (d / ADAPTER_CONFIG).read_bytes()
             try:

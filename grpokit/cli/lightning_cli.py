@@ -164,6 +164,7 @@ class GrpoCLI(LightningCLI):
 
     def _wire_roles(self) -> None:
         config, run = self.config_init[self.subcommand], self.run
+        self.model.publish_probe = getattr(config["inference"], "checks_probe", False)  # VLLMEngine: weight probe
         check_trainer_processes(self.trainer, run.run_name_given)
         if self.trainer.max_steps == -1 and self.trainer.world_size > 1:  # every rank refuses, none waits
             raise ValueError(

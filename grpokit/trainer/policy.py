@@ -200,10 +200,12 @@ class Policy(L.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     # ---- weights for the engine (grpokit.trainer.publish) ------------------------------------------
+    publish_probe = False  # the wiring sets it for engines checked by the weight probe (VLLMEngine)
+
     def weight_update(self, step: int) -> WeightUpdate:
-        """The current trainable weights as a WeightUpdate, with the engine's noisy norms of `step`;
-        under FSDP2 every rank must call it."""
-        return weight_update(self.lm, self.lora, step, self.noisy_norm_weights(step))
+        """The current trainable weights as a WeightUpdate, with the engine's noisy norms of `step` (and the
+        weight probe's logprobs when `publish_probe`); under FSDP2 every rank must call it."""
+        return weight_update(self.lm, self.lora, step, self.noisy_norm_weights(step), self.publish_probe)
 
     def noise_sigma(self, step: int) -> float:
         """Sigma of the QeRL noise on the weights published as `step` (0 without an enabled scheduler)."""

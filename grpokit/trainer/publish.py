@@ -14,20 +14,27 @@ import os
 import torch
 
 from grpokit.common.noisy_norms import noisy_norms, norm_weights
+from grpokit.common.weight_probe import trainer_probe
 from grpokit.noise import NoiseScheduler
 from grpokit.trainer.fsdp import full_state_dict, full_tensors, is_sharded
 from grpokit.trainer.lora import LoraSettings, adapter_tensors
 from grpokit.types import WeightUpdate
 
 
-def weight_update(lm: torch.nn.Module, lora: LoraSettings | None, step: int, norm_tensors: dict) -> WeightUpdate:
-    """`lm`'s trainable weights as the WeightUpdate of `step` (the adapter only when LoRA is on)."""
+def weight_update(
+    lm: torch.nn.Module, lora: LoraSettings | None, step: int, norm_tensors: dict, probe: bool = False
+) -> WeightUpdate:
+    """`lm`'s trainable weights as the WeightUpdate of `step` (the adapter only when LoRA is on); with
+    `probe`, its logprobs of the weight probe (grpokit.common.weight_probe), which an engine that cannot
+    show its tensors (vLLM) is checked against. Off otherwise: the probe's forward is a new input shape
+    for compiled layers."""
     sharded = is_sharded(lm)
+    probe = trainer_probe(lm) if probe else None
     if lora is None:
         tensors = full_state_dict(lm) if sharded else {k: v.detach().clone() for k, v in lm.state_dict().items()}
-        return WeightUpdate(step=step, tensors=tensors, norm_tensors=norm_tensors)
+        return WeightUpdate(step=step, tensors=tensors, norm_tensors=norm_tensors, probe=probe)
     tensors, config_dict = adapter_tensors(lm, sharded)
-    return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=norm_tensors)
+    return WeightUpdate(step=step, tensors=tensors, lora_config=config_dict, norm_tensors=norm_tensors, probe=probe)
 
 
 def noise_sigma(scheduler: NoiseScheduler | None, step: int, max_steps: int) -> float:

@@ -158,6 +158,9 @@ def test_fit_starts_vllm_with_lora_hot_reload(tmp_path, tiny_model):
     with open(tmp_path / "fit.log", "w") as log:
         result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT + FIT_TIMEOUT)
     assert result.returncode == 0, (tmp_path / "fit.log").read_text()[-4000:]
+    fit_log = (tmp_path / "fit.log").read_text()
+    for step in range(STEPS):  # each step's adapter checked by the weight probe (grpokit.common.weight_probe)
+        assert f"vLLM's weight probe of step {step}:" in fit_log
     run = tmp_path / "v"
     vllm_log = (run / "vllm_server.log").read_text()
     assert "'max_lora_rank': 8" in vllm_log  # the recipe's LoRA rank 4, rounded up to one vLLM accepts
@@ -421,11 +424,44 @@ def sha(t) -> str:
     return hashlib.sha256(as_bytes(t.contiguous()).numpy().tobytes()).hexdigest()
 
 
+def check_the_weight_probe(engine, run_dir, tiny_model: str) -> None:
+    """Steps 3 and 4 published with the weight probe (grpokit.common.weight_probe) as the trainer computes
+    it: vLLM's logprobs of the probe under step 3's adapter are the trainer's; then step 4 "loads" step 3's
+    files under its name (an adapter that never reached the engine, as in verl#7495): the run stops,
+    naming the step."""
+    import torch
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.broadcast.filesystem import FilesystemBroadcast
+    from grpokit.common.loaded_weights import WeightsNotLoadedError
+    from grpokit.common.weight_probe import trainer_probe
+    from grpokit.types import WeightUpdate
+
+    broadcast = FilesystemBroadcast()  # a run of its own: the caller's steps stay on disk
+    broadcast.setup(run_dir)
+    for step in (3, 4):
+        tensors, config = random_adapter(seed=step)
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), LoraConfig(**config)
+        )
+        set_peft_model_state_dict(model, tensors)
+        probe = trainer_probe(model)
+        broadcast.publish(WeightUpdate(step=step, tensors=tensors, lora_config=config, probe=probe))
+    engine.load_weights(broadcast.read(3))
+    assert engine.probe_error < 1e-4
+    load, stale = engine._load_adapter, broadcast.read(3).path
+    engine._load_adapter = lambda url, name, path: load(url, name, stale)
+    with pytest.raises(WeightsNotLoadedError, match="step 4"):
+        engine.load_weights(broadcast.read(4))
+
+
 def test_an_adapter_update_mid_request_continues_on_the_new_adapter(tmp_path, tiny_model):
     """VLLMEngine's stream with `on_update: continue`: step 2's adapter loads while a group decodes on
     step 1's. vLLM aborts the request when its connection closes, and the continuation (prompt and
     tokens so far, under step_2) completes it: each token carries the step of the adapter that sampled
-    it, and its logprob is transformers + peft's with that adapter over the whole sequence."""
+    it, and its logprob is transformers + peft's with that adapter over the whole sequence. Then the
+    weight probe on the same server (check_the_weight_probe)."""
     from grpokit.broadcast.filesystem import FilesystemBroadcast
     from grpokit.inference import SamplingSettings
     from grpokit.inference.streams import GroupRequest
@@ -451,6 +487,7 @@ def test_an_adapter_update_mid_request_continues_on_the_new_adapter(tmp_path, ti
         stream.load_weights(broadcast.read(2))
         [group] = drain(stream).values()
         stream.close()
+        check_the_weight_probe(engine, tmp_path / "probe_run", tiny_model)
     assert stream.interruptions == 1
     adapters = {step: str(tmp_path / "run" / "broadcasts" / f"step_{step}") for step in (1, 2)}
     for c in group:

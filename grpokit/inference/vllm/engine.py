@@ -37,6 +37,7 @@ that is not wired yet.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -45,6 +46,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from grpokit.common.weight_probe import check_probe
 from grpokit.inference import SamplingSettings
 from grpokit.inference.remote import RemoteEngine, RemoteError
 from grpokit.inference.vllm.server import VLLMServe
@@ -58,6 +60,7 @@ class VLLMEngine(RemoteEngine):
     """Client of vLLM OpenAI servers that hot-loads the trainer's LoRA adapter of each step."""
 
     applies_norm_weights = False  # LoRA hot reload carries adapter weights only
+    checks_probe = True  # its tensors cannot be shown: each loaded step is checked by the weight probe
     pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
 
     def __init__(
@@ -93,6 +96,8 @@ class VLLMEngine(RemoteEngine):
         self._retired: set[str] = set()  # replaced adapters still in use: unloaded by their last answer
         self._pins: dict[str, str] = {}  # adapter name -> the folder of its files vLLM loads (pin_adapter)
         self._unpinned: list[tuple[float, str]] = []  # (unload time, folder) of unloaded adapters, kept a while
+        self._probe_before: list[float] | None = None  # the trainer's probe of the step loaded before
+        self.probe_error: float | None = None  # the last loaded step's (grpokit.common.weight_probe)
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
@@ -116,6 +121,8 @@ class VLLMEngine(RemoteEngine):
             self._unpinned = [(t, p) for t, p in self._unpinned if p != path]  # a step published again: keep it
         for url in self.base_urls:
             self._load_adapter(url, name, path)
+        if update.probe is not None:
+            self._check_probe(name, update)
         with self._lock:
             previous, self.adapter, self.model_name, self.weight_step = self.adapter, name, name, update.step
             self._retired.discard(name)
@@ -126,6 +133,30 @@ class VLLMEngine(RemoteEngine):
         if previous is not None and previous != name:
             self._unload_everywhere(previous)
         log.info("vLLM serves adapter %s from %s", name, update.path)
+
+    def _check_probe(self, name: str, update: WeightUpdate) -> None:
+        """Each server's logprobs of the weight probe under adapter `name` (prompt_logprobs, vLLM's field)
+        against the trainer's: WeightsNotLoadedError, naming the step and server, when a server still
+        samples with the step before (grpokit.common.weight_probe)."""
+        ids, expected = update.probe["token_ids"], update.probe["logprobs"]
+        body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        errors = []
+        for url in self.base_urls:
+            answer = json.loads(self._call(url, "completions", body))
+            try:
+                got = [
+                    entry[str(token)]["logprob"]
+                    for entry, token in zip(answer["choices"][0]["prompt_logprobs"][1:], ids[1:])
+                ]
+            except (KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"{url} answered no prompt_logprobs for the weight probe ({e!r})") from None
+            errors.append(check_probe(update.step, got, expected, self._probe_before, f"vLLM at {url}"))
+        self._probe_before, self.probe_error = expected, max(errors)
+        log.info(
+            "vLLM's weight probe of step %d: %.2e from the trainer's (mean |logprob difference|)",
+            update.step,
+            self.probe_error,
+        )
 
     def _serve_base(self, step: int) -> None:
         """The servers' base model now holds the weights of `step`: serve it, drop the last adapter and the
