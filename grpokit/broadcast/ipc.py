@@ -33,6 +33,7 @@ import torch
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.broadcast.cuda_ipc import open_shared, share
+from grpokit.common.checksums import fingerprint_mismatches, wire_fingerprints
 from grpokit.common.io import atomic_write_json
 from grpokit.types import WeightUpdate
 
@@ -50,6 +51,18 @@ DTYPES = {
         torch.bool,
     )
 }
+
+
+def check_fingerprints(step: int, index: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse a step whose mapped tensors are not what the trainer wrote (its index's fingerprints:
+    grpokit.common.checksums.wire_fingerprints), naming the step; an index without them (an older
+    grpokit) is read unchecked."""
+    expected = index.get("fingerprints")
+    if expected is not None and (bad := fingerprint_mismatches(expected, tensors)):
+        raise RuntimeError(
+            f"IPCBroadcast step {step}: {len(bad)} tensors ({', '.join(bad[:3])}, ...) in shared memory are not "
+            "what the trainer wrote (checksums); not loaded. Restart the trainer from its newest checkpoint"
+        )
 
 
 class IPCBroadcast(WeightBroadcast):
@@ -107,7 +120,13 @@ class IPCBroadcast(WeightBroadcast):
         self._segments[update.step] = segment
         atomic_write_json(
             self.index_dir / f"step_{update.step}.json",
-            {"step": update.step, "segment": segment.name, "tensors": entries, "lora_config": update.lora_config},
+            {
+                "step": update.step,
+                "segment": segment.name,
+                "tensors": entries,
+                "lora_config": update.lora_config,
+                "fingerprints": wire_fingerprints(tensors),
+            },
         )
         self._prune(update.step)
 
@@ -134,7 +153,13 @@ class IPCBroadcast(WeightBroadcast):
         handles = {k: share(v) for k, v in buffers.items()}
         atomic_write_json(
             self.index_dir / f"step_{update.step}.json",
-            {"step": update.step, "cuda": handles, "pid": os.getpid(), "lora_config": update.lora_config},
+            {
+                "step": update.step,
+                "cuda": handles,
+                "pid": os.getpid(),
+                "lora_config": update.lora_config,
+                "fingerprints": wire_fingerprints(buffers),
+            },
         )
         self._prune(update.step)
 
@@ -145,6 +170,7 @@ class IPCBroadcast(WeightBroadcast):
             tensors = own  # co-locate: the same GPU tensors, no copy and no handle
         else:
             tensors = {k: open_shared(h) for k, h in index["cuda"].items()}
+            check_fingerprints(step, index, tensors)
         return WeightUpdate.from_wire(step, dict(tensors), lora_config=index["lora_config"])
 
     def _read(self, step: int) -> WeightUpdate:
@@ -168,6 +194,8 @@ class IPCBroadcast(WeightBroadcast):
                 else torch.empty(0, dtype=dtype)
             )
             tensors[e["name"]] = flat.reshape(e["shape"])
+        if segment is not own:
+            check_fingerprints(step, index, tensors)
         update = WeightUpdate.from_wire(step, tensors, lora_config=index["lora_config"])
         update._segment = segment  # the views need the mapping: closing it under them would fail
         return update

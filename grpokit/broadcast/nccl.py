@@ -8,8 +8,10 @@ Lightning's DDP strategy creates. With several trainer ranks, only the one that 
 Wire protocol, per update (every message is a `broadcast` from rank 0; no pickle anywhere):
 1. the header length as one int64 (0 means "the trainer closed"),
 2. the header: UTF-8 JSON as a uint8 tensor, `{"version", "step", "lora_config", "bucket_bytes",
-   "tensors": [{"name", "dtype", "shape"}, ...]}` (QeRL's noisy norm weights are tensors named under
-   WeightUpdate's NORMS_PREFIX),
+   "tensors": [{"name", "dtype", "shape"}, ...], "fingerprints"}` (QeRL's noisy norm weights are tensors
+   named under WeightUpdate's NORMS_PREFIX; fingerprints: grpokit.common.checksums.wire_fingerprints of
+   the tensors sent, which the engine recomputes on what it received: a mismatch stops the receiver,
+   naming the step),
 3. the tensors' raw bytes, concatenated in header order with no padding, cut into buckets of at most
    `bucket_bytes`, one broadcast per bucket (a tensor larger than a bucket spans several).
 A header the engine cannot validate stops the receiver (the byte stream can no longer be framed) and
@@ -56,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from grpokit.broadcast import WeightBroadcast
+from grpokit.common.checksums import fingerprint_mismatches, wire_fingerprints
 from grpokit.common.waits import check_seconds
 from grpokit.types import WeightUpdate
 
@@ -100,6 +103,7 @@ class Header:
     lora_config: dict | None
     bucket_bytes: int
     specs: list[TensorSpec]
+    fingerprints: dict[str, str] | None = None  # grpokit.common.checksums.wire_fingerprints of what was sent
 
     @property
     def total_bytes(self) -> int:
@@ -116,6 +120,7 @@ def encode_header(header: Header) -> bytes:
         "lora_config": header.lora_config,
         "bucket_bytes": header.bucket_bytes,
         "tensors": tensors,
+        "fingerprints": header.fingerprints,
     }
     return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -140,7 +145,10 @@ def decode_header(raw: bytes) -> Header:
     specs = [_decode_spec(t) for t in tensors]
     if len({s.name for s in specs}) != len(specs):
         raise ValueError("broadcast header: duplicate tensor names")
-    return Header(step=step, lora_config=lora_config, bucket_bytes=bucket_bytes, specs=specs)
+    fingerprints = doc.get("fingerprints")
+    if fingerprints is not None and not isinstance(fingerprints, dict):
+        raise ValueError("broadcast header: fingerprints must be an object or null")
+    return Header(step=step, lora_config=lora_config, bucket_bytes=bucket_bytes, specs=specs, fingerprints=fingerprints)
 
 
 def _is_int(x: object) -> bool:
@@ -319,7 +327,9 @@ class NCCLBroadcast(WeightBroadcast):
         names = list(wire)
         tensors = [wire[n].detach().contiguous() for n in names]
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in zip(names, tensors)]
-        header = Header(step=update.step, lora_config=update.lora_config, bucket_bytes=self.bucket_bytes, specs=specs)
+        header = Header(
+            update.step, update.lora_config, self.bucket_bytes, specs, wire_fingerprints(dict(zip(names, tensors)))
+        )
         raw = encode_header(header)
         decode_header(raw)  # fail here, on the trainer, rather than kill the engine's receiver
         self._broadcast(torch.tensor([len(raw)], dtype=torch.int64, device=self._device))
@@ -386,4 +396,9 @@ class NCCLBroadcast(WeightBroadcast):
             bucket = staging[: end - start]
             self._broadcast(bucket)
             copy_bucket(flat, start, end, bucket, into_bucket=False)
+        if header.fingerprints is not None and (bad := fingerprint_mismatches(header.fingerprints, tensors)):
+            raise ValueError(
+                f"step {header.step}: {len(bad)} tensors ({', '.join(bad[:3])}, ...) arrived different from what the "
+                "trainer sent (checksums); not loaded. Restart the trainer from its newest checkpoint"
+            )
         return WeightUpdate.from_wire(header.step, tensors, lora_config=header.lora_config)

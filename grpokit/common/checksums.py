@@ -40,3 +40,30 @@ def bytes_checksum(*parts: bytes | memoryview) -> str:
 def known_checksum(value: object) -> bool:
     """Whether `value` is a checksum `bytes_checksum` could have written (not a damaged one)."""
     return isinstance(value, str) and value.startswith(CRC32) and len(value) == len(CRC32) + 8
+
+
+FULL_FINGERPRINT_BYTES = 64 << 20  # tensors up to this much together (a LoRA adapter) are checked whole
+FINGERPRINT_SAMPLES = 4096  # else: this many evenly spaced bytes of each tensor (full weights)
+
+
+def wire_fingerprints(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Per tensor, `bytes_checksum` of its bytes: all of them when the tensors hold at most
+    FULL_FINGERPRINT_BYTES together, else FINGERPRINT_SAMPLES evenly spaced bytes of each (gathered on
+    the tensor's device, so a GPU update copies 4 KiB a tensor to the host, not the weights). What a
+    broadcast that moves raw bytes (NCCL, shared memory) sends beside them and the receiver recomputes:
+    a bucket lost, shifted or overwritten in transit changes nearly every sample."""
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    out = {}
+    for name, t in tensors.items():
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if total > FULL_FINGERPRINT_BYTES and flat.numel() > FINGERPRINT_SAMPLES:
+            index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_SAMPLES, device=flat.device).round().long()
+            flat = flat.index_select(0, index)
+        out[name] = bytes_checksum(flat.cpu().numpy().tobytes())
+    return out
+
+
+def fingerprint_mismatches(expected: dict[str, str], tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The names whose received tensor does not match the sender's fingerprint (or that one side lacks)."""
+    got = wire_fingerprints(tensors)
+    return sorted(name for name in set(expected) | set(got) if expected.get(name) != got.get(name))

@@ -76,3 +76,27 @@ def test_another_process_reads_bit_identical_tensors(tmp_path):
         assert got["step"] == 5 and got["digests"] == expected
     finally:
         b.close()
+
+
+def test_tensors_changed_in_shared_memory_are_refused_naming_the_step(tmp_path):
+    """The index carries the trainer's fingerprints of what it wrote (grpokit.common.checksums); a reader
+    in another broadcast object (the engine's process) that maps bytes changed since is refused."""
+    from multiprocessing import shared_memory
+
+    import pytest
+
+    writer, reader = IPCBroadcast(), IPCBroadcast()
+    writer.setup(tmp_path)
+    reader.setup(tmp_path)
+    try:
+        writer.publish(update(1))
+        got = reader.poll(-1)  # kept: its views need the mapping it holds
+        assert torch.equal(got.tensors["scalar"], torch.tensor(1.0))  # unchanged: read
+        index = json.loads((tmp_path / "broadcasts_ipc" / "step_1.json").read_text())
+        segment = shared_memory.SharedMemory(name=index["segment"])
+        segment.buf[index["tensors"][0]["offset"] + 3] ^= 0xFF
+        segment.close()
+        with pytest.raises(RuntimeError, match="IPCBroadcast step 1: 1 tensors"):
+            reader.poll(-1)
+    finally:
+        writer.close()

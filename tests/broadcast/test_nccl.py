@@ -262,3 +262,33 @@ def test_the_receiver_keeps_steps_the_engine_has_not_passed():
     assert b.poll(2, upto=2) is None
     assert b.poll(2).step == 3  # without a bound: the newest
     assert b.poll(3) is None and b._received == {}
+
+
+def sent_messages(update: WeightUpdate) -> list[torch.Tensor]:
+    """What a trainer's publish of `update` broadcasts, message by message (its group stood in for)."""
+    sent: list[torch.Tensor] = []
+    b = NCCLBroadcast(backend="gloo", bucket_mb=1)
+    b._take_role(0)
+    b._pg = object()  # connected
+    b._broadcast = lambda t: sent.append(t.clone())
+    b.publish(update)
+    return sent
+
+
+def test_a_bucket_damaged_in_transit_stops_the_receiver_naming_the_step():
+    """The header carries the sender's fingerprints of the tensors (grpokit.common.checksums); the engine
+    recomputes them on what arrived: one flipped byte in a bucket, and poll raises naming the step."""
+    messages = sent_messages(make_update(5))
+    good = NCCLBroadcast(backend="gloo")
+    good._take_role(1)
+    fake_wire(good, [m.clone() for m in messages])
+    assert good._receive_one().step == 5  # undamaged: received
+    messages[2][7] ^= 0xFF  # a byte of the first bucket
+    b = NCCLBroadcast(backend="gloo")
+    b._take_role(1)
+    fake_wire(b, messages + [torch.zeros(1, dtype=torch.int64)])
+    b._receive_loop()
+    b._thread = object()  # the loop already ran; poll must not start another
+    with pytest.raises(RuntimeError, match="receiver stopped") as e:
+        b.poll(-1)
+    assert "step 5" in str(e.value.__cause__) and "arrived different" in str(e.value.__cause__)
