@@ -21,6 +21,8 @@ also exit within STOP_WITHIN seconds, and a stopped `fit`, `train` or `orchestra
 -15 when it lands before the process installed its handler; `grpokit infer` exits 0).
 GRPOKIT_FAULT_STREAMING=1 runs both tests with `data.streaming` too, drawing ahead with groups that
 finish out of order (the three processes: the server's requests finish on the weights they were sent with).
+GRPOKIT_FAULT_FLAGS (a JSON list) adds recipe flags to both, e.g. the buffer's filters or
+steps_per_generation, whose dropped and split generations the audit must account for too.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ SEEDS = [int(s) for s in os.environ.get("GRPOKIT_FAULT_SEEDS", "0").split(",")]
 COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
 SIGNAL = signal.Signals["SIG" + os.environ.get("GRPOKIT_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")]
 MODES = ["batch"] + (["streaming"] if os.environ.get("GRPOKIT_FAULT_STREAMING") == "1" else [])
+FLAGS = json.loads(os.environ.get("GRPOKIT_FAULT_FLAGS", "[]"))  # more recipe flags for both tests (a sweep)
 # three steps' prompts in flight, completions of different lengths (a stop string): groups finish out of
 # order and a step is handed out while earlier prompts are still in flight, the case a resume got wrong
 STREAMING = ("--data.streaming", "{max_inflight: 6}", "--data.sampling.stop", "[e]")
@@ -147,6 +150,7 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed, mode):
         "--data.sampling.max_tokens",
         "6",
         *(STREAMING if mode == "streaming" else ()),
+        *FLAGS,
     )
     resume = ["--ckpt.resume_step", "-1"]
     survived = 0
@@ -203,6 +207,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed, 
         "--inference.init_args.max_retries",
         "8",  # ~90 s of backoff: longer than a server restart
         *(STREAMING if mode == "streaming" else ()),
+        *FLAGS,
         command="",
     )[1:]
     logs = {role: open(tmp_path / f"{role}.log", "a") for role in ("infer", "orchestrate", "train")}
