@@ -15,6 +15,7 @@ and counted, and `on_failure` decides what it is worth:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -191,6 +192,18 @@ class JudgeReward:
                 label, first.reply[:300],
             )  # fmt: skip
         return out
+
+    async def ascore(
+        self, conversation: list[dict[str, Any]], label: str = "rubric", env_name: str = "rubric"
+    ) -> float:
+        """One conversation's judge reward, for a reward function of an environment's own rubric
+        (`await JUDGE.ascore([m.model_dump() for m in trace.messages])`): asked on a worker thread, so the
+        rubric's other rewards run on meanwhile; cached, counted and logged as the recipe's judges are;
+        the failure policy applies ("stop" and "retry" raise naming `label`, "drop_group" gives 0: one
+        reward function cannot drop its group, the recipe's `judge` can)."""
+        judged = await asyncio.to_thread(self.judge, [conversation], [label])
+        rewards, _ = self.settle(judged, [label], env_name)
+        return rewards[0]
 
     def shown(self, conversation: list[dict[str, Any]]) -> str:
         """What the judge is shown: the rendered prompt, or the conversation itself (classifier)."""

@@ -76,3 +76,49 @@ def test_two_judges_each_add_their_weighted_score_and_metrics():
     assert scored[0][1]["reward/a"] == 0.5 and scored[0][1]["reward/b"] == 1.0
     with pytest.raises(ValueError, match="share a name"):
         judged(Environment(EnvSpec(id="reverse-text", judge=[first, {**second, "name": "a"}])))
+
+
+RUBRIC_ENV = '''
+"""A taskset whose reward function asks a judge itself (grpokit.judges.JudgeReward.ascore)."""
+import os
+
+import verifiers.v1 as vf
+
+from grpokit.judges import JudgeReward, JudgeSettings
+
+JUDGE = None
+
+
+class JudgedTask(vf.Task[vf.TaskData]):
+    @vf.reward(weight=2.0)
+    async def judged(self, trace: vf.Trace) -> float:
+        global JUDGE
+        if JUDGE is None:  # the endpoint of the test's scripted server
+            JUDGE = JudgeReward(JudgeSettings(kind="http", model="j", base_url=os.environ["JUDGE_URL"], rubric="r"))
+        return await JUDGE.ascore([m.model_dump(exclude_none=True) for m in trace.messages])
+
+
+class JudgedTaskset(vf.Taskset[JudgedTask, vf.TasksetConfig]):
+    def load(self):
+        for i in range(3):
+            yield JudgedTask(vf.TaskData(prompt=f"Say {i}.", id=f"t{i}"), self.config.task)
+
+
+__all__ = ["JudgedTaskset"]
+'''
+
+
+def test_a_rubric_of_ones_own_asks_a_judge(tmp_path, monkeypatch):
+    """An environment author's reward function calls a judge (JudgeReward.ascore): the reward is the judge's
+    score times the function's weight, and the judge saw the rollout's conversation."""
+    from tests.support import installed_module
+
+    with ScriptedServer([answer("Score: 10"), answer("Score: 5")]) as server:
+        monkeypatch.setenv("JUDGE_URL", server.url)
+        with installed_module(tmp_path, monkeypatch, "judged_rubric_env", RUBRIC_ENV) as module:
+            env = Environment(EnvSpec(id="judged-rubric-env"))
+            scored = env.score(env.examples[:2], ["ten", "five"])
+            asked = [b["messages"][0]["content"] for b in server.request_bodies]
+            assert module.JUDGE.counts["requests"] == 2
+    assert sorted(r for r, _ in scored) == [1.0, 2.0]  # weight 2 x the judge's 0.5 and 1.0
+    assert any("ten" in a for a in asked) and any("five" in a for a in asked)
