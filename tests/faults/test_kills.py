@@ -51,6 +51,8 @@ COLOCATE_KILLS = int(os.environ.get("GRPOKIT_FAULT_COLOCATE_KILLS", "1"))
 SIGNAL = signal.Signals["SIG" + os.environ.get("GRPOKIT_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")]
 MODES = ["batch"] + (["streaming"] if os.environ.get("GRPOKIT_FAULT_STREAMING") == "1" else [])
 FLAGS = json.loads(os.environ.get("GRPOKIT_FAULT_FLAGS", "[]"))  # more recipe flags for both tests (a sweep)
+# a generation split over steps_per_generation steps feeds its later steps with the same older weights
+SPLIT = int(dict(zip(FLAGS[::2], FLAGS[1::2])).get("--data.steps_per_generation", 1))
 # three steps' prompts in flight, completions of different lengths (a stop string): groups finish out of
 # order and a step is handed out while earlier prompts are still in flight, the case a resume got wrong
 STREAMING = ("--data.streaming", "{max_inflight: 6}", "--data.sampling.stop", "[e]")
@@ -173,7 +175,7 @@ def test_colocate_survives_kills(tmp_path, tiny_model, seed, mode):
     assert main(argv + resume) == 0
     # streamed groups decode across updates, and one that finishes after its step's batch was formed trains
     # in a later step: their bound is max_off_policy_steps (8), as in the multi-process test
-    audit(run, STEPS, oldest_gap=8 if mode == "streaming" else 1)
+    audit(run, STEPS, oldest_gap=(8 if mode == "streaming" else 1) + SPLIT - 1)
     assert survived == COLOCATE_KILLS
 
 
@@ -236,7 +238,7 @@ def test_multi_process_survives_a_kill_of_each_role(tmp_path, tiny_model, seed, 
                 p.kill()
     # a server restarted after a trainer restart may serve older weights than the orchestrator waited
     # for; such rollouts are kept while within max_off_policy_steps (8), the bound checked here
-    audit(run, STEPS, oldest_gap=8)
+    audit(run, STEPS, oldest_gap=8 + SPLIT - 1)
     assert survived == {"infer": True, "orchestrate": True, "train": True}, survived
 
 
