@@ -8,8 +8,12 @@ Shape legend: N sequences in a micro-batch, T packed tokens in a micro-batch, C 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the plug-in API layer imports nothing of grpokit's at run time
+    from grpokit.vision.inputs import VisionInputs
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Rollout:
         notes: text about the rollout for samples.jsonl, by name (a judge's reply: `judge/<name>/reply`,
             grpokit.judges). An environment's scoring returns it among its metrics as a str, moved here
             when the rollout is made, so that `metrics` holds numbers only.
+        vision: the image inputs of its prompt (grpokit.vision.inputs.VisionInputs: pixel values, image
+            grids), shared by its group's rollouts; None for a text prompt. prompt_ids then hold the
+            image placeholder tokens the processor expanded (grpokit.vision.render).
     """
 
     example_id: int
@@ -73,6 +80,7 @@ class Rollout:
     finish_reason: str | None = None
     turn_finish_reasons: list[str] | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    vision: VisionInputs | None = None
 
     def __post_init__(self) -> None:
         if any(isinstance(v, str) for v in self.metrics.values()):
@@ -166,6 +174,9 @@ class MicroBatch:
         num_loss_tokens, num_expert_tokens, num_loss_seqs: counted once when the micro-batch is made
             (on the host, where it is packed or decoded), so the trainer's per-step sums need no device
             sync; derived from the masks, never passed in.
+        vision: the image inputs of the row's sequences, concatenated in row order
+            (grpokit.vision.inputs.concat); None when no sequence has images. The trainer then scores the
+            row with the model's own positions (grpokit.vision.positions), never by prefix tree.
     """
 
     input_ids_T: torch.Tensor
@@ -177,6 +188,7 @@ class MicroBatch:
     is_truncated_N: torch.Tensor
     expert_mask_T: torch.Tensor | None = None
     prefix_tree: PrefixTree | None = None
+    vision: VisionInputs | None = None
     num_loss_tokens: int = field(init=False)
     num_expert_tokens: int = field(init=False)
     num_loss_seqs: int = field(init=False)

@@ -16,6 +16,8 @@ from grpokit.common.models import unwrap_peft
 from grpokit.common.prefix_tree import prefix_tree
 from grpokit.common.varlen import NAME as VARLEN
 from grpokit.types import PrefixTree
+from grpokit.vision.inputs import VisionInputs
+from grpokit.vision.positions import packed_position_ids
 
 
 def packed_attention_mask(seq_lens_N: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -194,6 +196,7 @@ def packed_token_logprobs(
     needed_T: torch.Tensor | None = None,
     share_prefixes: bool = False,
     tree: PrefixTree | None = None,
+    vision: VisionInputs | None = None,
 ):
     """logprob of input_ids[t] given the tokens before it in its own sequence (0 at a sequence's first token).
 
@@ -215,6 +218,9 @@ def packed_token_logprobs(
     micro-batch repeats each prompt G times; grpokit.common.prefix_tree), with the same values and gradients;
     it needs the dense attention path. `tree` is the packed row's prefix tree when the caller has it
     (MicroBatch.prefix_tree); without it, it is built here.
+    Images: `vision` (MicroBatch.vision) is the row's image inputs, passed to the model's forward, which
+    then runs with the model's own positions of each sequence (grpokit.vision.positions: the Qwen-VL
+    family's 3-D ones); `position_ids_T` still says where each sequence starts. Not with `share_prefixes`.
     """
 
     lm = unwrap_peft(model)
@@ -227,7 +233,9 @@ def packed_token_logprobs(
         position_ids_T,
         None,
     )  # row_T: each token's row in the model's input
-    if getattr(lm.config, "_attn_implementation", None) == VARLEN:
+    if vision and share_prefixes:
+        raise ValueError("a micro-batch with images is never scored by prefix tree: call with share_prefixes off")
+    if _text_attention(lm) == VARLEN:
         if share_prefixes:
             raise ValueError(
                 "model.share_prefixes needs dense attention (a tree mask); "
@@ -248,7 +256,11 @@ def packed_token_logprobs(
     keep_K = wanted_T[1:].nonzero().squeeze(-1)  # position p predicts token p + 1
     rows_K = keep_K if row_T is None else row_T[keep_K]  # where position p sits in the model's input
     targets_K = input_ids_T[keep_K + 1]
-    inputs = {"input_ids": model_ids[None], "position_ids": model_positions[None], "use_cache": False, **kwargs}
+    if vision:  # the model's own positions ([3, T] for the Qwen-VL family) and its image inputs
+        model_positions = packed_position_ids(model, input_ids_T, seq_lens_N, vision)
+        kwargs.update(vision.model_kwargs(device, dtype))
+    inputs = {"input_ids": model_ids[None], "position_ids": model_positions.unsqueeze(-2), "use_cache": False}
+    inputs.update(kwargs)
 
     if not _keeps_positions(lm):  # a model without logits_to_keep: full logits, then pick
         out = _from_logits(model(**inputs).logits[0].index_select(0, rows_K), targets_K, temperature, with_entropy)
@@ -268,6 +280,12 @@ def packed_token_logprobs(
         return values_K.new_zeros(input_ids_T.shape[0]).index_put((keep_K + 1,), values_K)
 
     return (scattered(out[0]), scattered(out[1])) if with_entropy else scattered(out)
+
+
+def _text_attention(lm: torch.nn.Module) -> str | None:
+    """The attention implementation of the model's text decoder (a vision-language model's text_config's)."""
+    config = getattr(lm.config, "text_config", None) or lm.config
+    return getattr(config, "_attn_implementation", None)
 
 
 def _from_logits(logits_KV: torch.Tensor, targets_K: torch.Tensor, temperature: float, with_entropy: bool):

@@ -82,27 +82,49 @@ def load_causal_lm(
     quantization: str | None = None,
     device: str | torch.device = "cpu",
 ):
-    """Load the causal LM for `name` (alias, HF id or path).
+    """Load the causal LM for `name` (alias, HF id or path); a vision-language model as its image-text-to-text
+    class (`model_class`), whose forward also takes the image inputs (grpokit.vision).
 
     With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
     `device` (nf4_config; the trainer checks bitsandbytes first, grpokit.trainer.quantization); otherwise
     `device` is ignored and the model loads on the CPU.
     """
-    from transformers import AutoModelForCausalLM
-
     path = resolve_model(name)
     kwargs = {}
     if quantization is not None:
         kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementation, **kwargs
-        )
+        return model_class(path).from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
     except OSError as e:
         raise FileNotFoundError(
             f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model "
             f"to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}"
         ) from e
+
+
+def is_vision_language(config) -> bool:
+    """Whether a model config is a vision-language model's (one transformers builds as image-text-to-text,
+    not as a causal LM: Qwen2.5-VL, Idefics3, LLaVA, ...)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    kind = getattr(config, "model_type", None)
+    return kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def model_class(path: str):
+    """AutoModelForImageTextToText for a vision-language model's folder (its generation head over the
+    text decoder, with the vision tower), else AutoModelForCausalLM (a config that cannot be read here
+    leaves the error to from_pretrained)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
 def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):

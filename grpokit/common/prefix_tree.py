@@ -60,9 +60,11 @@ def prefix_tree(input_ids_T: torch.Tensor, position_ids_T: torch.Tensor, seq_len
 
 def attach_prefix_trees(micro_batches: list[MicroBatch]) -> None:
     """Give each micro-batch its prefix tree, built once here (on the micro-batches' device: call it on
-    the CPU copy) and carried with the micro-batch; micro-batches that have one keep it."""
+    the CPU copy) and carried with the micro-batch; micro-batches that have one keep it. A micro-batch with
+    images gets none: it is never scored by prefix tree (grpokit.vision.logprobs)."""
     for mb in micro_batches:
-        tree_of(mb)
+        if mb.vision is None:
+            tree_of(mb)
 
 
 def tree_of(mb: MicroBatch) -> PrefixTree:

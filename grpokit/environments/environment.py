@@ -415,7 +415,10 @@ def make_trace(task: Any, reply: str):
     if data.system_prompt:
         nodes.append(MessageNode(message=vf.SystemMessage(content=data.system_prompt)))
         parent = 0
-    nodes.append(MessageNode(parent=parent, message=vf.UserMessage(content=data.prompt)))
+    prompt = data.prompt if isinstance(data.prompt, list) else [vf.UserMessage(content=data.prompt)]
+    for message in prompt:  # a list: the task's own messages (e.g. a user message with image parts)
+        nodes.append(MessageNode(parent=parent, message=message))
+        parent = len(nodes) - 1
     nodes.append(MessageNode(parent=len(nodes) - 1, sampled=True, message=vf.AssistantMessage(content=reply)))
     return checked_trace_class()(
         task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),

@@ -195,6 +195,11 @@ class BuiltinEngine(InferenceEngine):
     def context_length(self) -> int | None:
         return self.max_model_len
 
+    @property
+    def samples_images(self) -> bool:
+        """Prompts with images are sampled on the plain path only (grpokit.inference.image_rows)."""
+        return not self.fast
+
     def open_stream(
         self, sampling: SamplingSettings, max_rows: int, on_update: str = "continue", max_len: int | None = None
     ):

@@ -18,6 +18,9 @@ finished rows leave the batch and the KV cache) over a batch that changes:
 - **Sampling.** One generator for the stream, seeded with a group's `seed` when it is admitted into an
   idle stream; min_tokens counts each row's own tokens. Admitted together into an idle stream, groups
   decode exactly as `generate` decodes them (same prefill, same steps, same draws).
+- **Images.** A group whose prompt holds images is never admitted into the batch: the advance that finds
+  it queued samples it whole on its own (grpokit.inference.image_rows), with a generator of its own
+  seeded `seed * SEED_STRIDE + k` for the stream's k-th image group, and returns it with the others.
 
 Shape legend: B rows in the batch, W columns of the KV cache, V vocabulary, S stop token ids.
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.inference import Completion, SamplingSettings
+from grpokit.inference.image_rows import SEED_STRIDE, sample_image_group
 from grpokit.inference.logits_processors import apply_min_tokens, apply_repetition_penalty, mark_seen, seen_tokens
 from grpokit.inference.prefix_cache import _plain_layers
 from grpokit.inference.sampler import Row, decode_step, next_tokens, prefill, stop_string_ended
@@ -69,6 +73,8 @@ class _Batch:
 class DecodeStream(GenerationStream):
     """BuiltinEngine's plain-path GenerationStream (see the module docstring)."""
 
+    takes_images = True
+
     def __init__(self, engine, sampling: SamplingSettings, max_rows: int, on_update: str = "continue") -> None:
         super().__init__(engine, sampling, max_rows)
         if on_update not in ("continue", "regenerate"):
@@ -83,6 +89,7 @@ class DecodeStream(GenerationStream):
         self.batch: _Batch | None = None
         self.groups = 0  # admitted and not yet returned
         self.decode_steps = self.decoded_rows = 0  # counters: occupancy = decoded_rows / (decode_steps x max_rows)
+        self.image_groups = 0  # groups with images sampled so far (each one's generator seed)
 
     @property
     def inflight(self) -> int:
@@ -91,10 +98,11 @@ class DecodeStream(GenerationStream):
     @torch.no_grad()
     def advance(self) -> list[FinishedGroup]:
         with self._weights():
+            images = self._image_groups()
             self._admit()
             if not self.rows:
-                return []
-            return self._step()
+                return images
+            return images + self._step()
 
     @torch.no_grad()
     def load_weights(self, update) -> None:
@@ -134,6 +142,20 @@ class DecodeStream(GenerationStream):
         batch = self._prefilled([r.prompt_ids for r in new])
         self.batch = batch if self.batch is None else _joined(self.batch, batch)
         self.rows += new
+
+    def _image_groups(self) -> list[FinishedGroup]:
+        """The queued groups whose prompt holds images, each sampled whole on its own (module docstring)."""
+        taken = [r for r in self.queue if r.vision]
+        if not taken:
+            return []
+        self.queue = type(self.queue)(r for r in self.queue if not r.vision)
+        out = []
+        for request in taken:
+            seed = request.seed if request.seed is not None else self.sampling.seed or 0
+            generator = torch.Generator(device=self.device).manual_seed(seed * SEED_STRIDE + self.image_groups)
+            self.image_groups += 1
+            out.append(FinishedGroup(request, sample_image_group(self.engine, request, self.sampling, generator)))
+        return out
 
     def _step(self) -> list[FinishedGroup]:
         b, sampling = self.batch, self.sampling

@@ -104,8 +104,27 @@ def sample_rows(
     `prefix_cache`: prompts extending a cached sequence prefill only their new tokens, and each finished
     row's keys and values are kept for later prompts (grpokit.inference.prefix_cache).
     """
+    prefilled = prefill(model, prompts, pad_token_id, next(model.parameters()).device, prefix_cache)
+    return decode_rows(model, prompts, prefilled, sampling, stop_token_ids, generator, decode, options, first_index,
+                       prefix_cache)  # fmt: skip
+
+
+def decode_rows(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    prefilled: tuple,
+    sampling: SamplingSettings,
+    stop_token_ids: set[int],
+    generator: torch.Generator,
+    decode=None,
+    options: ServingOptions | None = None,
+    first_index: int = 0,
+    prefix_cache: PrefixCache | None = None,
+) -> list[Row]:
+    """`sample_rows`' decode loop from `prefilled`, what `prefill` returns for `prompts` (or, for a prompt
+    with images, grpokit.inference.image_rows.image_prefill)."""
     device = next(model.parameters()).device
-    input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefill(model, prompts, pad_token_id, device, prefix_cache)
+    input_ids_BP, mask_BP, positions_BP, cache, logits_BV = prefilled
     stop_ids_S = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
     seen_BV = (
         seen_tokens(input_ids_BP, mask_BP.bool(), logits_BV.shape[-1]) if sampling.repetition_penalty != 1.0 else None

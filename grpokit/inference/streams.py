@@ -22,6 +22,9 @@ returns the groups that finished), `load_weights` between two advances. An engin
 A group's `seed` seeds the stream's sampler when it is admitted into an idle stream (no row decoding):
 with one admission per step's prompts, as with max_async_level 0 and max_inflight covering a step,
 the stream samples exactly what `generate` samples with that seed.
+
+A group whose prompt holds images (`vision`) is taken only by a stream with `takes_images`: BuiltinEngine's
+plain path, which samples it on its own (grpokit.inference.image_rows).
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ if TYPE_CHECKING:  # grpokit.inference opens streams: no import back at run time
 @dataclass
 class GroupRequest:
     """`n` completions of one prompt; `key` is the caller's handle, returned with them. `max_tokens`: this
-    group's cap, in place of the stream's sampling.max_tokens (e.g. a conversation's remaining budget)."""
+    group's cap, in place of the stream's sampling.max_tokens (e.g. a conversation's remaining budget).
+    `vision`: the prompt's image inputs (grpokit.vision.inputs.VisionInputs), None for a text prompt."""
 
     key: Any
     prompt_ids: list[int]
     n: int
     seed: int | None = None
     max_tokens: int | None = None
+    vision: Any = None
 
 
 @dataclass
@@ -60,6 +65,7 @@ class GenerationStream(ABC):
     """Groups in flight in an engine (see the module docstring)."""
 
     max_len: int | None = None  # tokens a row holds, prompt + completion (a fixed KV cache); None: the context
+    takes_images = False  # samples groups whose prompt holds images (GroupRequest.vision)
 
     def __init__(self, engine, sampling: SamplingSettings, max_rows: int) -> None:
         if max_rows < 1:

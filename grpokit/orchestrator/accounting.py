@@ -14,6 +14,8 @@ its generation out (in the first step of a generation only, except `off_policy`)
 - `judge_failed`: its judge failed under `on_failure: drop_group` (grpokit.judges);
 - `surplus`: kept, but past the groups a generation needs (oversampling, a resampling round's extra);
 - `too_long`: its prompt is longer than the prompt limit, never sampled;
+- `bad_image`: an image of its prompt is missing, unreadable or over the pixel budget, never sampled
+  (grpokit.orchestrator.image_prompts);
 - `unused_round`: in a resampling round the generation did not need (whole-batch generation);
 - `off_policy`: older than data.max_off_policy_steps when its step's batch was formed.
 A run that reaches trainer.max_steps appends a closing line `{"step": null, "unfinished": [positions]}`:
@@ -36,7 +38,7 @@ from pathlib import Path
 from grpokit.judges import dropped_by_judge
 
 RECORD = "prompts.jsonl"
-RULES = ("filtered", "judge_failed", "surplus", "too_long", "unused_round", "off_policy")
+RULES = ("filtered", "judge_failed", "surplus", "too_long", "bad_image", "unused_round", "off_policy")
 
 
 def append_record(run_dir: Path, record: dict) -> None:

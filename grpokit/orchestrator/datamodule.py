@@ -37,6 +37,7 @@ from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.transport import Transport, checked_step, share_batch
 from grpokit.transport.filesystem import FilesystemTransport
 from grpokit.types import TrainingBatch
+from grpokit.vision.images import PixelBudget
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Orchestrator(L.LightningDataModule):
         kl_in_reward: KLInRewardSettings | None = None,
         max_turns: int = 8,
         streaming: StreamingSettings | None = None,
+        pixel_budget: PixelBudget | None = None,
     ) -> None:
         """
         Args:
@@ -133,6 +135,10 @@ class Orchestrator(L.LightningDataModule):
                 engine at once, new ones submitted as others finish, a step's batch the first groups that
                 pass, new weights loaded between two decode steps (`on_update`: continue or regenerate
                 the unfinished rollouts). null = whole-batch generation.
+            pixel_budget: `{max_pixels, over_budget}` of the images in prompts (docs/vision.md): an image
+                of more than max_pixels (width x height) is scaled down to fit, aspect ratio kept
+                (`over_budget: resize`), or its prompt skipped as a bad image (`refuse`); null = no limit
+                but the model processor's own.
         """
         super().__init__()
         self.settings = RolloutSettings.from_recipe(
@@ -163,6 +169,7 @@ class Orchestrator(L.LightningDataModule):
             kl_in_reward=kl_in_reward,
             max_turns=max_turns,
             streaming=streaming,
+            pixel_budget=pixel_budget,
         )
         self.transport = FilesystemTransport() if transport is None else transport
         self.loop: RolloutLoop | None = None  # the producer, once connect() gives it an engine

@@ -204,14 +204,22 @@ class RolloutDriver:
         loop = self.loop
         per_block = loop.prompts_per_block()
         items = loop.prompts.take(block, per_block)
+        usable, ids, vision = items, None, {}
+        if loop.images is not None:  # prompts with images: rendered by the processor, bad images left out
+            usable, ids, vision = loop.images.render_all(items)
         warn = max(0, 3 - self.too_long)
-        prompts, ids, skipped = split_by_length(loop.tokenizer, items, loop.prompt_limit, warn=warn)
+        prompts, ids, skipped = split_by_length(loop.tokenizer, usable, loop.prompt_limit, warn=warn, ids=ids)
         self._check_some_prompt_fits(bool(prompts), per_block)
         seed = loop.block_seed(block)
         first, places = block * per_block, fitting_places(items, prompts)
-        too_long = sorted(set(range(first, first + len(items))) - {first + i for i in places})
-        self.skipped.setdefault("too_long", []).extend(p for p in too_long if p not in (self.resumed or ()))
-        pending = [PendingGroup(env, ex, p, first + i, seed) for i, (env, ex), p in zip(places, prompts, ids)]
+        bad = {first + i for i in set(range(len(items))) - set(fitting_places(items, usable))}
+        too_long = sorted(set(range(first, first + len(items))) - {first + i for i in places} - bad)
+        for rule, positions in (("too_long", too_long), ("bad_image", sorted(bad))):
+            self.skipped.setdefault(rule, []).extend(p for p in positions if p not in (self.resumed or ()))
+        pending = [
+            PendingGroup(env, ex, p, first + i, seed, vision=vision.get(id(ex)))
+            for i, (env, ex), p in zip(places, prompts, ids)
+        ]
         if self.resumed:  # a resumed stream: what earlier steps accounted for is not drawn again
             pending = [p for p in pending if p.group_id not in self.resumed]
         return pending, skipped

@@ -44,7 +44,8 @@ JUDGE_WAIT = 0.1  # seconds advance waits for a judge when nothing is left to ge
 
 @dataclass
 class PendingGroup:
-    """A prompt to play: its environment and example, its token ids, its group id and sampling seed."""
+    """A prompt to play: its environment and example, its token ids, its group id and sampling seed, and
+    its image inputs (grpokit.orchestrator.image_prompts; None for a text prompt)."""
 
     env: object
     example: object
@@ -52,6 +53,7 @@ class PendingGroup:
     group_id: int
     seed: int | None
     submitted: float = 0.0
+    vision: object = None
 
 
 @dataclass
@@ -115,7 +117,14 @@ class GroupPlay:
         if getattr(pending.env, "episode_env", None) is not None:
             self._start_episodes(pending)
         else:
-            self.stream.submit(GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed))
+            if pending.vision is not None and not self.stream.takes_images:
+                raise ValueError(
+                    f"environment {getattr(pending.env, 'name', pending.env)!r} has prompts with images, which "
+                    f"{type(self.engine).__name__} cannot sample yet: use inference BuiltinEngine with fast: off "
+                    "(docs/vision.md)"
+                )
+            request = GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed, vision=pending.vision)
+            self.stream.submit(request)
 
     def advance(self) -> list[tuple[PendingGroup, list[Rollout]]]:
         """One advance of the stream; the groups completed since (any an episode start completed too), in
@@ -158,7 +167,13 @@ class GroupPlay:
                 self._score(
                     key,
                     lambda key=key, group=group: sampled_group(
-                        key.env, key.example, key.prompt_ids, group.completions, key.group_id, self.tokenizer
+                        key.env,
+                        key.example,
+                        key.prompt_ids,
+                        group.completions,
+                        key.group_id,
+                        self.tokenizer,
+                        key.vision,
                     ),
                 )
 

@@ -30,6 +30,7 @@ from grpokit.judges.launch import start_judge_servers, stop_judge_servers
 from grpokit.orchestrator.accounting import RECORD, accounted_before, append_record, read_records, repair, step_record
 from grpokit.orchestrator.driver import RolloutDriver
 from grpokit.orchestrator.evaluation import Evaluator
+from grpokit.orchestrator.image_prompts import ImagePrompts
 from grpokit.orchestrator.kl_reward import KLInReward, ReferenceScorer
 from grpokit.orchestrator.packing import num_positions, pack
 from grpokit.orchestrator.pools import DifficultyPools, hash_key
@@ -115,6 +116,7 @@ class RolloutLoop:
         self.prompts = self._prompt_sampler()
         if max_steps == -1:  # trainer.max_steps -1: one pass over the data
             self.max_steps = self.one_pass_steps()
+        self.images = self._image_prompts(inputs.evaluation or scored)  # None: no prompt has images
         self.prompt_limit = prompt_token_limit(
             settings.sampling.max_tokens, settings.seq_len, engine.context_length(), settings.max_prompt_tokens
         )
@@ -136,6 +138,19 @@ class RolloutLoop:
         self.announce = False  # `grpokit orchestrate`: log each batch sent and a long wait for weights
         self.generation: Generation | None = None  # the newest generation sampled
         self.driver = RolloutDriver(self, settings.streaming)  # whole-batch or streamed: the one producer
+
+    def _image_prompts(self, evaluated: list) -> ImagePrompts | None:
+        """The processor's renderer when prompts of data.env hold images (grpokit.orchestrator.image_prompts),
+        refusing at start what cannot sample or train them yet."""
+        settings = self.settings
+        evaluated = evaluated if settings.eval_settings else []
+        images = ImagePrompts.for_envs(
+            self.tokenizer, self.inputs.training, evaluated, self.engine, settings.pixel_budget
+        )
+        for key, value in (("data.kl_in_reward", settings.kl_in_reward), ("data.expert", self.inputs.experts)):
+            if images is not None and value is not None:
+                raise ValueError(f"{key} does not take prompts with images yet: unset it (docs/vision.md)")
+        return images
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
         settings = self.settings

@@ -6,14 +6,24 @@ packed row, every distinct prefix with `model.share_prefixes` (grpokit.common.pr
 repeats each prompt G times behind one system prompt, so counting tokens splits a step that the tree
 runs in one forward: on the CPU demo, 1,113 tokens are 157 nodes, and one micro-batch instead of two
 trains the step 30% faster (docs/benchmarks.md).
+
+Rollouts with images (Rollout.vision) are packed by tokens: the trainer scores their rows with the model's
+own positions and never by prefix tree (grpokit.vision.logprobs), and each micro-batch carries its
+sequences' image inputs concatenated in row order (grpokit.vision.inputs.concat), as the model fills its
+image placeholders in that order.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from grpokit.common.prefix_tree import attach_prefix_trees, tree_of
 from grpokit.types import MicroBatch, Rollout
+from grpokit.vision.inputs import concat
+
+log = logging.getLogger(__name__)
 
 
 def check_fits(length: int, capacity: int) -> None:
@@ -90,8 +100,11 @@ def pack(
     loss_mask is 1 on completion tokens the policy wrote, 0 on prompts and on rollouts that are not
     trainable (flagged by an enforcing filter). An expert rollout's completion tokens go to expert_mask
     instead of loss_mask. With `prefix_tree`, seq_len bounds each micro-batch's distinct prefixes (what a
-    trainer that shares prefixes runs) instead of its tokens.
+    trainer that shares prefixes runs) instead of its tokens; not with images (see the module docstring).
     """
+    if prefix_tree and any(r.vision for r in rollouts):
+        log.info("a batch with images is packed by tokens, not by prefix tree (data.packing): see grpokit.vision")
+        prefix_tree = False
     if prefix_tree:
         bins = first_fit_decreasing_tree([r.prompt_ids + r.completion_ids for r in rollouts], seq_len)
     else:
@@ -126,9 +139,11 @@ def _micro_batch(rollouts: list[Rollout], advantages: list[list[float]], trainab
         seq_lens_N=torch.tensor([r.num_tokens for r in rollouts], dtype=torch.long),
         is_truncated_N=torch.tensor([r.is_truncated for r in rollouts], dtype=torch.bool),
         expert_mask_T=torch.tensor(expert, dtype=torch.float32),
+        vision=concat([r.vision for r in rollouts if r.vision]) if any(r.vision for r in rollouts) else None,
     )
 
 
 def num_positions(mb: MicroBatch, prefix_tree: bool) -> int:
-    """The positions the trainer's model runs for `mb`: its distinct prefixes, or its tokens."""
-    return tree_of(mb).num_nodes if prefix_tree else mb.num_tokens
+    """The positions the trainer's model runs for `mb`: its distinct prefixes, or its tokens (with images,
+    always its tokens)."""
+    return tree_of(mb).num_nodes if prefix_tree and mb.vision is None else mb.num_tokens

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from grpokit.environments.environment import Environment, Example
+from grpokit.vision.messages import has_images
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,14 @@ log = logging.getLogger(__name__)
 def prompt_token_ids(tokenizer, example: Example) -> list[int]:
     """The token ids the engine is given for `example`: its messages in the chat template, ready for
     the assistant's turn; with its verifiers toolsets' schemas for a template that lists tools (as
-    verifiers shows them to the model; a template without tool support ignores them)."""
+    verifiers shows them to the model; a template without tool support ignores them). A prompt with
+    images is refused: the tokenizer's template would drop them silently (the processor renders it:
+    grpokit.orchestrator.image_prompts)."""
+    if has_images(example.messages):
+        raise ValueError(
+            f"example {example.index}: its prompt holds images, which only training prompts take for now "
+            "(grpokit fit, orchestrate; not grpokit eval, data.eval or a conversation's turns): docs/vision.md"
+        )
     source = getattr(example, "toolsets", None)
     tools = source.schemas if source is not None and source.schemas else None
     return tokenizer.apply_chat_template(
@@ -50,19 +58,20 @@ def prompt_token_limit(max_tokens: int, seq_len: int, context: int | None, max_p
 
 
 def split_by_length(
-    tokenizer, prompts: list[tuple[Environment, Example]], limit: int, warn: int = 3
+    tokenizer, prompts: list[tuple[Environment, Example]], limit: int, warn: int = 3, ids: list | None = None
 ) -> tuple[list[tuple[Environment, Example]], list[list[int]], int]:
     """(the prompts of at most `limit` tokens, their token ids, how many were longer); logs the first
     `warn` dropped (the driver: the run's first three; the count goes on in prompts_too_long). The ids go
-    on to the engine, so each prompt is tokenised once."""
+    on to the engine, so each prompt is tokenised once: `ids`, the prompts' ids when the caller has them
+    (prompts with images: grpokit.orchestrator.image_prompts), else they are tokenised here."""
     fitting, fitting_ids, dropped = [], [], []
-    for env, ex in prompts:
-        ids = prompt_token_ids(tokenizer, ex)
-        if len(ids) <= limit:
+    for k, (env, ex) in enumerate(prompts):
+        ids_k = prompt_token_ids(tokenizer, ex) if ids is None else ids[k]
+        if len(ids_k) <= limit:
             fitting.append((env, ex))
-            fitting_ids.append(ids)
+            fitting_ids.append(ids_k)
         else:
-            dropped.append((env, ex, len(ids)))
+            dropped.append((env, ex, len(ids_k)))
     for env, ex, n in dropped[:warn]:
         log.warning(
             "environment %r example %d: prompt of %d tokens is over the limit of %d (data.max_prompt_tokens, "

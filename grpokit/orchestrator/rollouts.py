@@ -31,10 +31,16 @@ class TurnLimits:
 
 
 def sampled_group(
-    env: Environment, ex: Example, prompt_ids: list[int], completions: list[Completion], group_id: int, tokenizer
+    env: Environment,
+    ex: Example,
+    prompt_ids: list[int],
+    completions: list[Completion],
+    group_id: int,
+    tokenizer,
+    vision=None,
 ) -> list[Rollout]:
     """One prompt's single-turn completions, scored (and their steps, where the environment reports step
-    rewards), as Rollouts."""
+    rewards), as Rollouts; `vision`: the prompt's image inputs, which each of them carries."""
     replies = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
     scores = env.score([ex] * len(completions), replies, [c.finish_reason for c in completions])
     steps = env.step_rewards([ex] * len(completions), replies)
@@ -52,6 +58,7 @@ def sampled_group(
             completion_text=text,
             token_steps=c.token_steps,
             finish_reason=c.finish_reason,
+            vision=vision,
             **rollout_steps(s, c.token_ids, lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)),
         )
         for c, text, (reward, metrics), s in zip(completions, replies, scores, steps)

@@ -29,6 +29,7 @@ from grpokit.orchestrator.kl_reward import KLInRewardSettings
 from grpokit.orchestrator.schedules import TemperatureSchedule
 from grpokit.orchestrator.streaming import StreamingSettings
 from grpokit.registry.advantages.group_norm import GroupNorm
+from grpokit.vision.images import PixelBudget
 
 
 def _default_env() -> list[EnvSpec]:
@@ -64,6 +65,7 @@ class RolloutSettings:
     kl_in_reward: KLInRewardSettings | None = None
     max_turns: int = 8
     streaming: StreamingSettings | None = None
+    pixel_budget: PixelBudget | None = None
 
     def __post_init__(self) -> None:
         """Check the settings together, in the order a start reports them; fill sampling.seed."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
 
+from grpokit.common.models import is_vision_language
 from grpokit.trainer.fsdp import full_tensors
 
 
@@ -45,14 +47,15 @@ class LoraSettings:
 
 def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing: bool) -> torch.nn.Module:
     """`lm` wrapped in a peft LoRA adapter (a causal-LM task); with checkpointing, the embedding's output
-    requires grad so that checkpointed layers under frozen weights still backpropagate into the adapter."""
+    requires grad so that checkpointed layers under frozen weights still backpropagate into the adapter.
+    A vision-language model's adapter is on its text decoder only (`lora_targets`)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
+        target_modules=lora_targets(lm, list(settings.target_modules)),
         task_type="CAUSAL_LM",
     )
     check_target_modules(lm, settings.target_modules)
@@ -60,6 +63,17 @@ def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing
     if gradient_checkpointing:
         lm.enable_input_require_grads()
     return lm
+
+
+def lora_targets(lm: torch.nn.Module, targets: list[str]) -> list[str] | str:
+    """What peft adapts: the `targets` names anywhere in a causal LM; in a vision-language model, only those
+    inside its text decoder (a regex peft matches against whole module paths), so the vision tower (whose
+    attention also has q_proj/k_proj/v_proj in SigLIP-style towers) and the projector stay frozen."""
+    if not is_vision_language(lm.config):
+        return targets
+    decoder = lm.get_decoder()
+    prefix = next(name for name, module in lm.named_modules() if module is decoder)
+    return rf"{re.escape(prefix)}\..*\.({'|'.join(re.escape(t) for t in targets)})"
 
 
 def check_target_modules(lm: torch.nn.Module, targets: list[str]) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.common.models import compile_decoder_layers, load_causal_lm, parse_dtype
+from grpokit.common.models import compile_decoder_layers, is_vision_language, load_causal_lm, parse_dtype
 from grpokit.common.varlen import use_varlen
 from grpokit.trainer.fsdp import shard_model
 from grpokit.trainer.lora import LoraSettings, add_lora
 from grpokit.trainer.quantization import check_nf4
+from grpokit.vision.logprobs import use_varlen_text
 
 
 def uses_varlen(attention: str, device: torch.device) -> bool:
@@ -38,9 +39,10 @@ def chunk_size(setting: int | None, device: torch.device) -> int:
 
 
 def set_attention(lm: torch.nn.Module, attention: str, device: torch.device) -> torch.nn.Module:
-    """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.common.varlen)."""
+    """Put `lm` on the varlen attention backend when `attention` says so (see grpokit.common.varlen); a
+    vision-language model's text decoder only (its vision tower attends to each image on its own)."""
     if uses_varlen(attention, device):
-        use_varlen(lm)
+        use_varlen_text(lm) if is_vision_language(lm.config) else use_varlen(lm)
     return lm
 
 

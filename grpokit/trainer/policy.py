@@ -362,6 +362,7 @@ class Policy(L.LightningModule):
         """`model`'s logprobs of the micro-batch's loss and expert tokens (0 on the others: the LM head
         never runs on prompt tokens)."""
         needed_T = (mb.loss_mask_T > 0) | (mb.expert_mask_T > 0)
+        shared = self.share_prefixes and mb.vision is None  # a row with images: never by prefix tree
         return packed_token_logprobs(
             model,
             mb.input_ids_T,
@@ -372,8 +373,9 @@ class Policy(L.LightningModule):
             chunk_size=self.logprob_chunk_size,
             compile=self.compile_layers,
             needed_T=needed_T,
-            share_prefixes=self.share_prefixes,
-            tree=tree_of(mb) if self.share_prefixes else None,  # one tree for policy, reference and teacher
+            share_prefixes=shared,
+            tree=tree_of(mb) if shared else None,  # one tree for policy, reference and teacher
+            vision=mb.vision,
         )
 
     def _count_skipped_step(self) -> None:

@@ -8,6 +8,10 @@ and before any tensor is used: a file or message damaged after it was written (a
 flipped near its end decoded fine and trained a step with loss -2.7e-26 and grad norm 0) is a
 BatchChecksumError naming the step, never trained. CRC-32, not sha256: 2.4x faster, and it guards
 against damage, not tampering (grpokit.common.checksums). Cost: docs/reliability.md, "Damaged files".
+
+A micro-batch with images (MicroBatch.vision) adds its VisionInputs' tensors as `{i}.vision.{name}` and
+their header as the metadata entry `{i}.vision` (JSON), all under the checksum; such a batch is written
+as version 4, so a grpokit that would drop the images refuses it. Batches without images stay version 3.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ from safetensors.torch import load, save
 from grpokit.common.checksums import bytes_checksum, known_checksum
 from grpokit.common.errors import RunDataError
 from grpokit.types import MicroBatch, PrefixTree, TrainingBatch
+from grpokit.vision.inputs import VisionInputs
 
 log = logging.getLogger(__name__)
 FORMAT = "grpokit.TrainingBatch"
 VERSION = 3  # 3: a checksum of the content (2: without, before 2026-11-29; 1: no prefix tree, before 2026-11-25)
+VISION_VERSION = 4  # 3 plus micro-batches' image inputs (written only by batches that have them)
+READ_VERSIONS = ("2", str(VERSION), str(VISION_VERSION))
 CHECKSUM = "checksum"  # the metadata key
 _warned_unchecked = False  # a version 2 batch was read: warned once per process
-MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch) if f.init and f.name != "prefix_tree"]  # the tensors
+MICRO_BATCH_FIELDS = [f.name for f in fields(MicroBatch) if f.init and f.name not in ("prefix_tree", "vision")]
 TREE_FIELDS = [f.name for f in fields(PrefixTree) if not f.name.startswith("_")]
 
 
@@ -52,16 +59,22 @@ def encode_batch(batch: TrainingBatch) -> bytes:
         for i, mb in enumerate(batch.micro_batches)
         for name in MICRO_BATCH_FIELDS
     }
+    vision_headers = {}
     for i, mb in enumerate(batch.micro_batches):
         if mb.prefix_tree is not None:
             tensors.update({f"{i}.prefix_tree.{name}": getattr(mb.prefix_tree, name) for name in TREE_FIELDS})
+        if mb.vision:
+            images, vision_header = mb.vision.to_tensors(prefix=f"{i}.vision.")
+            tensors.update(images)
+            vision_headers[f"{i}.vision"] = json.dumps(vision_header, sort_keys=True)
     header = {
         "format": FORMAT,
-        "version": str(VERSION),
+        "version": str(VISION_VERSION if vision_headers else VERSION),
         "step": str(batch.step),
         "temperature": repr(batch.temperature),
         "num_micro_batches": str(len(batch.micro_batches)),
         "metrics": json.dumps(batch.metrics),
+        **vision_headers,
     }
     return _with_checksum(save(tensors, metadata=header))
 
@@ -97,7 +110,7 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
             f"{VERSION}. Write it again with this grpokit: delete a run's rollouts/step_N.safetensors from the "
             "step you resume at (the orchestrator samples them again), or record the rollouts again"
         )
-    if header.get("format") != FORMAT or header.get("version") not in ("2", str(VERSION)):
+    if header.get("format") != FORMAT or header.get("version") not in READ_VERSIONS:
         raise BatchFormatError(
             f"expected {FORMAT} version {VERSION}, got {header.get('format')!r} version {header.get('version')!r}"
         )
@@ -111,7 +124,7 @@ def decode_batch(data: bytes, max_bytes: int = 1 << 30) -> TrainingBatch:
         _verify(full, memoryview(data)[8 + int.from_bytes(data[:8], "little") :])
     try:
         n = int(header["num_micro_batches"])
-        micro_batches = [_micro_batch(tensors, i) for i in range(n)]
+        micro_batches = [_micro_batch(tensors, i, header) for i in range(n)]
         return TrainingBatch(
             step=int(header["step"]),
             micro_batches=micro_batches,
@@ -166,11 +179,14 @@ def _warn_unchecked(header: dict) -> None:
         )
 
 
-def _micro_batch(tensors: dict, i: int) -> MicroBatch:
-    tree = None
+def _micro_batch(tensors: dict, i: int, header: dict) -> MicroBatch:
+    tree = vision = None
     if f"{i}.prefix_tree.{TREE_FIELDS[0]}" in tensors:
         tree = PrefixTree(**{name: tensors[f"{i}.prefix_tree.{name}"] for name in TREE_FIELDS})
-    return MicroBatch(**{name: tensors[f"{i}.{name}"] for name in MICRO_BATCH_FIELDS}, prefix_tree=tree)
+    if f"{i}.vision" in header:
+        vision = VisionInputs.from_tensors(tensors, json.loads(header[f"{i}.vision"]), prefix=f"{i}.vision.")
+    fields_ = {name: tensors[f"{i}.{name}"] for name in MICRO_BATCH_FIELDS}
+    return MicroBatch(**fields_, prefix_tree=tree, vision=vision)
 
 
 def _read_header(data: bytes) -> dict:

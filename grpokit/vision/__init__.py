@@ -1,6 +1,7 @@
 """Vision-language prompts: images in chat messages -> the token ids and tensors a VL model takes, and
-the logprobs of completions to them, token-faithful between sampling and training (issue 36, first
-slice: not yet on the rollout path; docs/vision.md says what is checked and what comes next).
+the logprobs of completions to them, token-faithful between sampling and training (issue 36; the
+rollout path uses it through grpokit.orchestrator.image_prompts, grpokit.inference.image_rows and
+grpokit.common.logprobs; docs/vision.md says what is checked and what comes next).
 
 - images.py: a path, bytes, a PIL image or a data: URL -> an RGB image within a pixel budget.
 - messages.py: the image parts of a chat (any turn, several per prompt) -> processor-shaped messages

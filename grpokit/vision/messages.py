@@ -19,6 +19,14 @@ def is_image_part(part: dict) -> bool:
     return part.get("type") in ("image", "image_url")
 
 
+def has_images(messages: list[Message]) -> bool:
+    """Whether any message's content holds an image part."""
+    return any(
+        isinstance(m.get("content"), list) and any(isinstance(p, dict) and is_image_part(p) for p in m["content"])
+        for m in messages
+    )
+
+
 def image_source(part: dict, label: str | None = None) -> ImageSource:
     """Where an image part's image is (a path, bytes, a PIL image or a data: URL)."""
     if part.get("type") == "image_url":

@@ -1,6 +1,6 @@
 """Sample a completion to an image prompt with the model's own `generate`, with per-token logprobs.
 
-What the builtin engine will return for an image prompt once it is wired in: token ids and, per
+The reference the builtin engine's image path (grpokit.inference.image_rows) follows: token ids and, per
 token, the logprob of the temperature-scaled distribution it was drawn from (grpokit.inference.sampler's
 convention: log_softmax(logits / T), unscaled at T = 0; no top-k, top-p 1). The logprobs are taken from
 `generate`'s raw logits (`output_logits`), so no logits processor of the model's generation config can

@@ -1,0 +1,126 @@
+"""Prompts with images -> token ids and image inputs, rendered once per prompt with the model's processor.
+
+An environment's prompt may hold image content parts (`{"type": "image_url", "image_url": {"url":
+"data:image/png;base64,..."}}`, or `{"type": "image", "image" | "url" | "path": ...}`; verifiers passes
+them through unchanged). Such a prompt is rendered by the policy's processor (grpokit.vision.render:
+the chat template, the image placeholders expanded, pixel values and image grids), once per prompt; the
+ids go to the engine and the trainer, and the image inputs travel with the group (PendingGroup ->
+GroupRequest -> Rollout.vision). Prompts without images keep the tokenizer's chat template
+(grpokit.orchestrator.prompt_length.prompt_token_ids), unchanged.
+
+Checked at the start, not mid-run (`ImagePrompts.for_envs`): an environment with images given a text-only
+model or an engine that cannot sample images (all but BuiltinEngine's plain path, for now), a multi-turn
+or Env-episode environment with images, or images in data.eval's environments is refused with the fix. A
+prompt whose image cannot be used (missing, unreadable, over data.pixel_budget with `over_budget: refuse`:
+ImageError) is skipped and
+logged with its environment and example, and recorded as `bad_image` in prompts.jsonl
+(grpokit.orchestrator.accounting), never a crash mid-run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grpokit.common.models import is_vision_language
+from grpokit.environments.conversation import is_multi_turn
+from grpokit.environments.environment import Environment, Example
+from grpokit.orchestrator.prompt_length import prompt_token_ids
+from grpokit.vision.images import ImageError, PixelBudget
+from grpokit.vision.inputs import VisionInputs
+from grpokit.vision.messages import has_images, prompt_images
+from grpokit.vision.render import load_processor, render_prompt
+
+log = logging.getLogger(__name__)
+
+
+def first_image_example(env: Environment) -> Example | None:
+    return next((ex for ex in env.examples if has_images(ex.messages)), None)
+
+
+class ImagePrompts:
+    """The policy's processor, loaded from the tokenizer's folder, and the pixel budget of its images."""
+
+    def __init__(self, tokenizer, budget: PixelBudget | None = None) -> None:
+        self.tokenizer, self.budget = tokenizer, budget or PixelBudget()
+        self.processor = load_processor(tokenizer.name_or_path)
+
+    @classmethod
+    def for_envs(
+        cls,
+        tokenizer,
+        envs: list[Environment],
+        eval_envs: list[Environment] = (),
+        engine=None,
+        budget: PixelBudget | None = None,
+    ) -> ImagePrompts | None:
+        """The renderer (images within `budget`: data.pixel_budget) when an environment has prompts with
+        images (None when none has: the text path); refuses what cannot be trained (see the module
+        docstring), and an `engine` that cannot sample them (one without `samples_images`)."""
+        for env in eval_envs:
+            if (ex := first_image_example(env)) is not None:
+                raise ValueError(
+                    f"data.eval: environment {env.name!r} has prompts with images (example {ex.index}), which "
+                    "grpokit does not evaluate yet (docs/vision.md): unset data.eval or evaluate a text environment"
+                )
+        with_images = [(env, ex) for env in envs if (ex := first_image_example(env)) is not None]
+        if not with_images:
+            return None
+        for env, ex in with_images:
+            check_single_turn(env, ex)
+        check_vision_model(tokenizer.name_or_path, *with_images[0])
+        if engine is not None and not getattr(engine, "samples_images", False):
+            raise ValueError(
+                f"environment {with_images[0][0].name!r} has prompts with images, which {type(engine).__name__} "
+                "cannot sample yet (fast path, servers): use inference BuiltinEngine with fast: off (docs/vision.md)"
+            )
+        return cls(tokenizer, budget)
+
+    def render(self, env: Environment, example: Example) -> tuple[list[int], VisionInputs | None]:
+        """(prompt token ids, image inputs or None for a prompt without images); ImageError names the example."""
+        if not has_images(example.messages):
+            return prompt_token_ids(self.tokenizer, example), None
+        label = f"environment {env.name!r} example {example.index}"
+        messages, images = prompt_images(example.messages, self.budget, label)
+        try:
+            rendered = render_prompt(self.processor, messages, images)
+        except (ValueError, OSError) as e:  # the processor refusing an image (too small, odd mode)
+            raise ImageError(f"the processor cannot take its images: {e}", label) from e
+        return rendered.prompt_ids, rendered.vision
+
+    def render_all(self, prompts: list[tuple[Environment, Example]]):
+        """(the prompts whose images could be used, their token ids, their image inputs by id(example)):
+        a prompt with a bad image is logged, naming its environment and example, and left out."""
+        usable, ids, vision = [], [], {}
+        for env, ex in prompts:
+            try:
+                prompt_ids, inputs = self.render(env, ex)
+            except ImageError as e:
+                log.warning("%s; skipped (prompts.jsonl: bad_image)", e)
+                continue
+            usable.append((env, ex))
+            ids.append(prompt_ids)
+            if inputs is not None:
+                vision[id(ex)] = inputs
+        return usable, ids, vision
+
+
+def check_single_turn(env: Environment, example: Example) -> None:
+    """Images only in single-turn prompts for now: a conversation's later turns re-tokenise the chat."""
+    if getattr(env, "episode_env", None) is not None or is_multi_turn(example.task, getattr(example, "toolsets", None)):
+        raise ValueError(
+            f"environment {env.name!r} has prompts with images (example {example.index}) and several turns: "
+            "grpokit trains single-turn image prompts only, for now (docs/vision.md)"
+        )
+
+
+def check_vision_model(path: str, env: Environment, example: Example) -> None:
+    """Refuse a text-only policy for an environment whose prompts hold images."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_language(config):
+        raise ValueError(
+            f"environment {env.name!r} has prompts with images (example {example.index}), but the policy "
+            f"{path!r} is a text-only model ({config.model_type}): set model.model to a vision-language model "
+            "(Qwen2.5-VL, Idefics3/SmolVLM) or use an environment without images"
+        )
