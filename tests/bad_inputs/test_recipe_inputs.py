@@ -95,7 +95,7 @@ def test_an_unknown_environment_id_names_data_env_and_the_built_ins():
     with pytest.raises(
         ValueError,
         match=r"unknown environment id 'no-such-env' \(data.env\): "
-        r"not a built-in \(\['arithmetic', .*'reverse-text'\]\)",
+        r"not a built-in \(\['arithmetic', .*'reverse-text', 'shapes'\]\)",
     ):
         Environment(EnvSpec(id="no-such-env"))
 
