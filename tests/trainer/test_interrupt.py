@@ -40,12 +40,16 @@ def assert_clean_exit(log: Path) -> str:
     return text
 
 
-def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_resume_matches_a_straight_run(tmp_path, tiny_model):
+def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_resume_matches_a_straight_run(
+    tmp_path, tiny_model, straight_sync_fit
+):
     def argv(name, *extra):
         return tiny_fit_argv(tmp_path, tiny_model, name, "--trainer.max_steps", str(STEPS), "--ckpt.interval", "5",
                              *SYNC, *extra)  # fmt: skip
 
     run = tmp_path / "stopped"
+    # the straight run alongside (the same one as tests/faults/test_signals.py's, started once per session)
+    straight, straight_log, straight_run = straight_sync_fit(argv("straight"))
     proc, log = start_grpokit(tmp_path, argv("stopped"), "stopped")
     try:
         wait_for(run / "rollouts" / "step_3.safetensors", proc)  # sampled after step 2: the trainer is on step 3
@@ -61,10 +65,10 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_resume_matches_a_st
 
     # the resume and the straight run each in a fresh process too, as the stopped one: a process that
     # already ran other fits in-process (this test session) may round differently in the 7th digit
-    for name, extra in (("resumed", ("--ckpt.resume_step", "-1")), ("straight", ())):
-        proc, log = start_grpokit(tmp_path, argv("stopped" if name == "resumed" else name, *extra), name)
-        assert proc.wait(timeout=WAIT) == 0, log.read_text()[-3000:]
-    resumed, straight = step_rows(run), step_rows(tmp_path / "straight")
+    proc, log = start_grpokit(tmp_path, argv("stopped", "--ckpt.resume_step", "-1"), "resumed")
+    assert proc.wait(timeout=WAIT) == 0, log.read_text()[-3000:]
+    assert straight.wait(timeout=WAIT) == 0, straight_log.read_text()[-3000:]
+    resumed, straight = step_rows(run), step_rows(straight_run)
     assert [int(r["step"]) for r in resumed] == list(range(STEPS))
     assert without_timings(resumed) == without_timings(straight)
 
