@@ -21,7 +21,6 @@ from pathlib import Path
 
 from grpokit.common.io import atomic_write_text
 from grpokit.common.server_process import ServerProcess
-from grpokit.judges.server import address_of
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,8 @@ def start_judge_servers(envs: list, run_dir: str | Path) -> list[JudgeServerProc
 
 
 def start_judge_server(env_id: str, settings, run_dir: Path) -> JudgeServerProcess:
+    from grpokit.judges.server import address_of  # the server's module imports uvicorn: only when one is started
+
     host, port = address_of(settings.base_url)
     check_free(host, port, settings.base_url)
     judge = {**dataclasses.asdict(settings), "serve": False}
