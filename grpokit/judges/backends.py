@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpokit.inference import SamplingSettings, ServingOptions
-from grpokit.judges.posting import Failure, post_json
+from grpokit.judges.posting import Failure, json_headers, post_json
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +112,12 @@ class HTTPJudge(JudgeBackend):
         retries: int = 2,
         max_concurrency: int = 8,
     ) -> None:
-        if api_key_var is not None and not os.environ.get(api_key_var):
-            raise ValueError(f"judge.api_key_var names {api_key_var!r}, which is not set in the environment")
+        self.headers = json_headers(api_key_var)
         if retries < 0 or timeout <= 0 or max_concurrency < 1:
             raise ValueError("judge: retries must be >= 0, timeout > 0 and max_concurrency >= 1")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.timeout, self.retries, self.max_concurrency = model, timeout, retries, max_concurrency
         self.body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": 0}
-        self.headers = {"Content-Type": "application/json"}
-        if api_key_var is not None:
-            self.headers["Authorization"] = f"Bearer {os.environ[api_key_var]}"
         self.identity = f"http:{base_url}:{model}:t={temperature:g}:max={max_tokens}"
 
     def ask(self, prompts: list[str]) -> list[JudgeReply]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -62,6 +63,17 @@ def post_json(
         log.warning("judge request failed (%s; try %d of %d)", failure.detail, attempt + 1, retries + 1)
     failure.detail += f" (after {attempt + 1} tries, timeout {timeout:g}s each)"
     return failure
+
+
+def json_headers(api_key_var: str | None) -> dict[str, str]:
+    """A JSON request's headers, with `Authorization: Bearer` from the environment variable the recipe
+    names (never the key itself); a ValueError at build time when that variable is not set."""
+    headers = {"Content-Type": "application/json"}
+    if api_key_var is not None:
+        if not os.environ.get(api_key_var):
+            raise ValueError(f"judge.api_key_var names {api_key_var!r}, which is not set in the environment")
+        headers["Authorization"] = f"Bearer {os.environ[api_key_var]}"
+    return headers
 
 
 def error_message(e: urllib.error.HTTPError) -> str:

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 from grpokit.judges.backends import JudgeReply
-from grpokit.judges.posting import Failure, post_json
+from grpokit.judges.posting import Failure, json_headers, post_json
 
 REWARDS_PATH = "/rewards"
 
@@ -36,15 +35,11 @@ class RemoteClassifier:
         retries: int = 2,
         max_batch_size: int = 64,
     ) -> None:
-        if api_key_var is not None and not os.environ.get(api_key_var):
-            raise ValueError(f"judge.api_key_var names {api_key_var!r}, which is not set in the environment")
+        self.headers = json_headers(api_key_var)
         if retries < 0 or timeout <= 0:
             raise ValueError("judge: retries must be >= 0 and timeout > 0")
         self.url = base_url.rstrip("/") + REWARDS_PATH
         self.model, self.timeout, self.retries, self.max_batch_size = model, timeout, retries, max_batch_size
-        self.headers = {"Content-Type": "application/json"}
-        if api_key_var is not None:
-            self.headers["Authorization"] = f"Bearer {os.environ[api_key_var]}"
         self.identity = f"classifier:{model}"  # as in process: the same model's scores
 
     def judge_conversations(self, conversations: list[list[dict[str, Any]]]) -> list[JudgeReply]:

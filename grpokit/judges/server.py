@@ -62,10 +62,7 @@ class RewardModelApp:
         return {"object": "list", "data": [card]}
 
     def health(self, _: dict) -> dict:
-        status = self.worker.status()
-        if not status["alive"]:
-            raise RequestError("the engine thread has stopped", status=503)
-        return status
+        return self.worker.health()
 
     def rewards(self, body: Any) -> OnEngine:
         """Score `conversations` (each a list of chat messages) with the reward model, in order."""

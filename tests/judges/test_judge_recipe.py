@@ -11,6 +11,7 @@ import yaml
 
 from grpokit.judges import JudgeSettings
 from grpokit.main import main
+from tests.judges.helpers import judge_fit_argv
 from tests.support import read_metrics
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "judge_exclaim.yaml"
@@ -26,12 +27,7 @@ def test_a_two_step_fit_with_the_classifier_judge_runs(tmp_path, tiny_model, tin
     with open(RECIPE) as f:
         env = yaml.safe_load(f)["data"]["env"][0]
     env = {**env, "args": {"num_tasks": 16}, "judge": {**env["judge"], "model": tiny_classifier}}
-    argv = [
-        "fit", "--config", str(RECIPE), "--output_dir", str(tmp_path), "--run_name", "j",
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
-        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
-        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
-    ]  # fmt: skip
+    argv = judge_fit_argv(tmp_path, tiny_model, "j", env)
     assert main(argv) == 0
     rows = read_metrics(tmp_path / "j")
     assert [int(r["step"]) for r in rows] == [0, 1]
@@ -67,12 +63,7 @@ def test_groups_a_failed_judge_drops_are_left_out_of_the_batch(tmp_path, tiny_mo
 
     judge = {"kind": "http", "model": "j", "base_url": dead_url(), "rubric": "r", "name": "rm", "retries": 0}
     env = {"id": "exclaim", "args": {"num_tasks": 16}, "judge": {**judge, "on_failure": "drop_group"}}
-    argv = [
-        "fit", "--config", str(RECIPE), "--output_dir", str(tmp_path), "--run_name", "d",
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
-        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "4", "--data.seq_len", "128",
-        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
-    ]  # fmt: skip
+    argv = judge_fit_argv(tmp_path, tiny_model, "d", env, max_tokens=4)
     assert main(argv) == 0
     rows = read_metrics(tmp_path / "d")
     assert [float(r["groups_trained"]) for r in rows] == [0.0, 0.0]

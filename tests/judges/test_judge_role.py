@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from grpokit.testing import free_port
+from tests.judges.helpers import judge_fit_argv
 from tests.support import read_metrics
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -97,12 +98,7 @@ def test_a_fit_starts_and_stops_the_judge_server_it_serves(tmp_path, tiny_model,
     judge = {"kind": "classifier", "model": tiny_classifier, "name": "rm", "serve": True}
     judge["base_url"] = f"http://127.0.0.1:{port}/v1"
     env = {"id": "exclaim", "args": {"num_tasks": 16}, "judge": judge}
-    argv = [
-        "fit", "--config", str(RECIPES / "judge_exclaim.yaml"), "--output_dir", str(tmp_path), "--run_name", "s",
-        "--model.model", tiny_model, "--model.lora.rank", "4", "--data.batch_size", "8",
-        "--data.rollouts_per_example", "4", "--data.sampling.max_tokens", "8", "--data.seq_len", "128",
-        "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2", "--data.env", json.dumps([env]),
-    ]  # fmt: skip
+    argv = judge_fit_argv(tmp_path, tiny_model, "s", env)
     assert main(argv) == 0
     run = tmp_path / "s"
     for r in read_metrics(run):

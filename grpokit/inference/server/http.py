@@ -149,10 +149,7 @@ class OpenAIApp:
         return {"object": "list", "data": [self.model_card()], "weight_step": self.engine.weight_step}
 
     def health(self, _: dict) -> dict:
-        status = self.worker.status()
-        if not status["alive"]:
-            raise RequestError("the engine thread has stopped", status=503)
-        return status
+        return self.worker.health()
 
     def weights(self, query: dict) -> OnEngine:
         """The step of the weights the engine holds, after loading the newest published one (with

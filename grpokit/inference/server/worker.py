@@ -67,6 +67,13 @@ class EngineWorker:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
+    def health(self) -> dict:
+        """GET /health's answer: `status()`, or a RequestError 503 once the thread has stopped."""
+        status = self.status()
+        if not status["alive"]:
+            raise RequestError("the engine thread has stopped", status=503)
+        return status
+
     def submit(self, work: Callable[[], Any], cancel: threading.Event | None = None, priority: int = 0) -> Future:
         """Queue `work`; a RequestError 429 when `max_queued` requests already wait, 503 once closed.
         `cancel`: the event that stops the work once it runs (close sets it after its timeout). The queue
