@@ -24,11 +24,11 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "environments.md").read_text()
 FILES = {name: code for name, code in re.findall(r'```\w+ title="([\w.]+)"\n(.*?)```', DOC, re.S)}
-MODULES = ("count_letters", "warehouse", "mental_math")
+MODULES = ("count_letters", "warehouse", "mental_math", "count_dots")
 
 
 def test_the_page_has_its_files():
-    assert sorted(FILES) == sorted(["my_envs.yaml", "recount.py", *(f"{m}.py" for m in MODULES)])
+    assert sorted(FILES) == sorted(["my_envs.yaml", "my_image_envs.yaml", "recount.py", *(f"{m}.py" for m in MODULES)])
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,22 @@ def test_single_turn_taskset_loads_by_id_and_scores(envs):
     assert [m for _, m in scores] == [{"reply_chars": float(len(r))} for r in replies]
     with pytest.raises(ValueError, match="data.env id 'count-letters': bad args"):
         Environment(EnvSpec(id="count-letters", args={"num_task": 3}))
+
+
+def test_the_image_taskset_puts_a_picture_in_each_prompt_and_scores_the_count(envs):
+    """count-dots: a user message of an image part (a PNG data: URL that decodes to the picture) and the
+    question; the reward reads the reply's first number. Its fit on a vision-language model:
+    tests/vision/test_image_env_doc.py."""
+    from grpokit.vision.messages import has_images, prompt_images
+
+    env = envs["count_dots"]
+    ex = env.examples[0]
+    assert has_images(ex.messages) and [p["type"] for p in ex.messages[0]["content"]] == ["image_url", "text"]
+    _, (picture,) = prompt_images(ex.messages)
+    assert picture.size == (64, 64)
+    count = ex.task.data.answer
+    replies = [str(count), f"There are {count} dots.", str(count + 1), "many"]
+    assert [r for r, _ in env.score([ex] * 4, replies)] == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_the_recipe_overlay_parses_and_loads(site, monkeypatch):

@@ -1,15 +1,18 @@
-"""shapes: say the colour (or the kind) of the shape in a picture; prompts hold an image.
+"""shapes: answer a question about the shapes in a picture in one word; prompts hold an image.
 
 A verifiers v1 taskset whose pictures are drawn in code with PIL (seeded), so it needs no dataset: a
 filled circle, square or triangle of one of six colours, at a random place and size, on a plain light
-background. Each prompt is a user message with the picture as an image part (a PNG `data:` URL, as an
-OpenAI-style `image_url` content part) and the question; grpokit renders it with the model's processor
+background; the questions ask its colour, its kind, which half of the picture it is in (left or right),
+or how many shapes there are (one to three of the same kind and colour, smaller, not overlapping).
+Each prompt is a user message with the picture as an image part (a PNG `data:` URL, as an OpenAI-style
+`image_url` content part) and the question; grpokit renders it with the model's processor
 (grpokit.orchestrator.image_prompts), so the policy must be a vision-language model (docs/vision.md).
 The reward is rule-based: 1.0 when the reply's first word is the answer (case and punctuation aside),
 else 0.0.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
-height in pixels), question ("colour", "shape" or "mixed": each prompt asks one of the two at random).
+height in pixels), question ("colour", "shape", "position", "count"; "mixed": colour or shape at random;
+"all": any of the four at random).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ QUESTIONS = {
     "colour": "What colour is the shape? Answer with one word.",
     "shape": "Which shape is this: circle, square or triangle? Answer with one word.",
 }
+MORE_QUESTIONS = {
+    "position": "Is the shape on the left or on the right? Answer with one word.",
+    "count": "How many shapes are there? Answer with one word.",
+}
+COUNTS = ("one", "two", "three")
 
 
 def draw_shape(shape: str, colour: str, size: int, rng: random.Random) -> Image.Image:
@@ -44,16 +52,45 @@ def draw_shape(shape: str, colour: str, size: int, rng: random.Random) -> Image.
     image = Image.new("RGB", (size, size), BACKGROUND)
     side = rng.randint(max(size // 3, 4), max(size * 3 // 4, 5))
     x, y = rng.randint(0, size - side), rng.randint(0, size - side)
-    box = (x, y, x + side - 1, y + side - 1)
-    fill = COLOURS[colour]
-    draw = ImageDraw.Draw(image)
+    shape_at(ImageDraw.Draw(image), shape, (x, y, x + side - 1, y + side - 1), COLOURS[colour])
+    return image
+
+
+def shape_at(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, int], fill) -> None:
+    """`shape` filled with `fill` in the square `box` (x0, y0, x1, y1; both ends inside)."""
+    x0, y0, x1, y1 = box
     if shape == "circle":
         draw.ellipse(box, fill=fill)
     elif shape == "square":
         draw.rectangle(box, fill=fill)
     else:
-        draw.polygon([(x + side // 2, y), (x, y + side - 1), (x + side - 1, y + side - 1)], fill=fill)
-    return image
+        draw.polygon([(x0 + (x1 - x0 + 1) // 2, y0), (x0, y1), (x1, y1)], fill=fill)
+
+
+def draw_beside(shape: str, colour: str, size: int, rng: random.Random) -> tuple[Image.Image, str]:
+    """A picture of one `shape` wholly in the left or the right half (which one, returned, at random)."""
+    image = Image.new("RGB", (size, size), BACKGROUND)
+    half = size // 2
+    side = rng.randint(max(size // 4, 4), max(half - 2, 5))
+    where = rng.choice(["left", "right"])
+    x = rng.randint(0, half - side) + (0 if where == "left" else size - half)
+    y = rng.randint(0, size - side)
+    shape_at(ImageDraw.Draw(image), shape, (x, y, x + side - 1, y + side - 1), COLOURS[colour])
+    return image, where
+
+
+def draw_several(shape: str, colour: str, size: int, rng: random.Random) -> tuple[Image.Image, str]:
+    """A picture of one to three `shape`s (how many, returned as a word) that neither overlap nor touch."""
+    image = Image.new("RGB", (size, size), BACKGROUND)
+    draw, count, boxes = ImageDraw.Draw(image), rng.randint(1, 3), []
+    side = max(size // 5, 4)
+    while len(boxes) < count:
+        x, y = rng.randint(0, size - side), rng.randint(0, size - side)
+        box = (x, y, x + side - 1, y + side - 1)
+        if all(x > b[2] + 2 or b[0] > box[2] + 2 or y > b[3] + 2 or b[1] > box[3] + 2 for b in boxes):
+            boxes.append(box)
+            shape_at(draw, shape, box, COLOURS[colour])
+    return image, COUNTS[count - 1]
 
 
 def first_word(reply: str) -> str:
@@ -82,7 +119,7 @@ class ShapesConfig(vf.TasksetConfig):
     num_tasks: int = 1000
     seed: int = 0
     size: int = 56
-    question: Literal["colour", "shape", "mixed"] = "colour"
+    question: Literal["colour", "shape", "position", "count", "mixed", "all"] = "colour"
 
 
 class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
@@ -91,15 +128,23 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
         rng = random.Random(config.seed)
         for i in range(config.num_tasks):
             shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
-            image = draw_shape(shape, colour, config.size, rng)
-            asks = config.question if config.question != "mixed" else rng.choice(sorted(QUESTIONS))
+            asks = config.question
+            if asks in ("mixed", "all"):
+                asks = rng.choice(sorted(QUESTIONS) if asks == "mixed" else sorted({**QUESTIONS, **MORE_QUESTIONS}))
+            if asks == "position":
+                image, answer = draw_beside(shape, colour, config.size, rng)
+            elif asks == "count":
+                image, answer = draw_several(shape, colour, config.size, rng)
+            else:
+                image = draw_shape(shape, colour, config.size, rng)
+                answer = colour if asks == "colour" else shape
             content = [
                 {"type": "image_url", "image_url": {"url": to_data_url(image)}},
-                {"type": "text", "text": QUESTIONS[asks]},
+                {"type": "text", "text": {**QUESTIONS, **MORE_QUESTIONS}[asks]},
             ]
             data = ShapesData(
                 prompt=[{"role": "user", "content": content}],
-                answer=colour if asks == "colour" else shape,
+                answer=answer,
                 shape=shape,
                 colour=colour,
                 id=f"shapes-{i}",

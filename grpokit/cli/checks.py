@@ -86,3 +86,14 @@ def fill_seeds(config) -> None:
     seed = getattr(config, "seed_everything", None)  # an int, or before Lightning draws one: True (random)
     if getattr(config.data, "seed", None) is None and isinstance(seed, int) and not isinstance(seed, bool):
         config.data.seed = int(seed)
+
+
+def check_vision_engine(policy, engine) -> None:
+    """model.vision.train with LoRA trains the projector or tower beside the adapter (peft modules_to_save),
+    which only BuiltinEngine loads: a server engine's LoRA (vLLM's, a served adapter) is the adapter alone."""
+    if engine.servers_load_weights and policy.lora is not None and policy.vision.train:
+        raise ValueError(
+            f"model.vision.train {policy.vision.train} with model.lora trains them beside the adapter, which "
+            f"{type(engine).__name__}'s servers cannot load: sample with BuiltinEngine, or train them with full "
+            "weights (model.lora: null)"
+        )

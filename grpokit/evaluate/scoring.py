@@ -51,7 +51,10 @@ def sample_groups(evaluator: Evaluator, engine, tokenizer, sampling, n: int, chu
         for i, start in enumerate(range(0, len(prompts), chunk)):
             part = prompts[start : start + chunk]
             seeded = replace(sampling, seed=sampling.seed + i)
-            groups += generate_rollouts(engine, tokenizer, part, n, seeded, start, turns=evaluator.turns)
+            ids = evaluator.prompt_ids[start : start + chunk] if evaluator.prompt_ids is not None else None
+            groups += generate_rollouts(
+                engine, tokenizer, part, n, seeded, start, ids, evaluator.turns, evaluator.vision
+            )
             bar.update(len(part))
     return groups
 

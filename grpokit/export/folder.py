@@ -18,9 +18,10 @@ import logging
 from pathlib import Path
 
 from grpokit.common.io import atomic_folder
-from grpokit.common.models import load_tokenizer, parse_dtype
+from grpokit.common.models import parse_dtype
 from grpokit.export.model import merged_model, trained_model
 from grpokit.export.sources import RunSettings, pick_source
+from grpokit.vision.render import save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def export_run(
             lm.to(torch_dtype).save_pretrained(tmp, safe_serialization=True)
         else:
             lm.save_pretrained(tmp)
-        load_tokenizer(settings.model).save_pretrained(tmp)
+        save_tokenizer(settings.model, tmp)
     log.info("exported step %d of %s (from %s) to %s", source.step, run_dir, source.path, out)
     return out
 

@@ -84,10 +84,15 @@ class Evaluator:
         run_dir: Path,
         start_step: int = 0,
         turns: TurnLimits | None = None,
+        images=None,
     ) -> None:
         self.settings, self.run_dir, self.turns = settings, Path(run_dir), turns
         sampler = PromptSampler(envs, settings.seed)
         self.prompts = sampler.next(len(sampler.pools[0]) if settings.num_examples == -1 else settings.num_examples)
+        # prompts with images (images: ImagePrompts) are rendered once; one with a bad image is logged, left out
+        self.prompt_ids, self.vision = None, {}
+        if images is not None:
+            self.prompts, self.prompt_ids, self.vision = images.render_all(self.prompts)
         self.sampling = replace(
             sampling,
             temperature=settings.temperature,
@@ -101,7 +106,15 @@ class Evaluator:
         """One scored group of rollouts_per_example rollouts per prompt, in prompt order, sampled with the
         engine's current weights through the rollout path of training (any engine, any environment)."""
         return generate_rollouts(
-            engine, tokenizer, self.prompts, self.settings.rollouts_per_example, self.sampling, 0, turns=self.turns
+            engine,
+            tokenizer,
+            self.prompts,
+            self.settings.rollouts_per_example,
+            self.sampling,
+            0,
+            self.prompt_ids,
+            self.turns,
+            self.vision,
         )
 
     def maybe_run(self, engine: InferenceEngine, tokenizer) -> dict[str, float]:

@@ -121,6 +121,7 @@ def expert_rollouts(
                 policy_step=min(r.policy_step for r in group),
                 completion_text=text,
                 is_expert=True,
+                vision=first.vision,  # an image prompt's inputs: the expert answers the same picture
             )
         )
     return out
@@ -191,6 +192,7 @@ def dataset_rollout(record: Rendered, index: int, policy_step: int) -> Rollout:
         is_truncated=False,
         policy_step=policy_step,
         is_expert=True,
+        vision=record.vision,
     )
 
 

@@ -238,12 +238,15 @@ def generate_rollouts(
     first_group_id: int,
     prompt_ids: list[list[int]] | None = None,
     turns: TurnLimits | None = None,
+    vision: dict | None = None,
 ) -> list[list[Rollout]]:
     """Play every prompt's group to its end in a stream of its own (GroupPlay; every prompt admitted at
     once, seeded with sampling.seed, so single-turn prompts sample exactly what `engine.generate` would);
     one scored group per prompt, in prompt order, with consecutive group ids from first_group_id.
     `prompt_ids`: the prompts' token ids when the caller has them already, else they are tokenised here.
+    `vision`: image prompts' inputs by id(example), with their `prompt_ids` (ImagePrompts.render_all).
     The evaluator's (and tests') way to sample; training goes through the rollout driver."""
+    vision = vision or {}
     if not prompts:  # every prompt of the block was too long (grpokit.orchestrator.prompt_length)
         return []
     if prompt_ids is None:
@@ -255,7 +258,7 @@ def generate_rollouts(
     groups: dict[int, list[Rollout]] = {}
     try:
         for g, ((env, ex), ids) in enumerate(zip(prompts, prompt_ids)):
-            play.submit(PendingGroup(env, ex, ids, first_group_id + g, sampling.seed))
+            play.submit(PendingGroup(env, ex, ids, first_group_id + g, sampling.seed, vision=vision.get(id(ex))))
         while play.open:
             groups.update((p.group_id, rollouts) for p, rollouts in play.advance())
     finally:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 
-from grpokit.common.models import is_vision_language
 from grpokit.environments.conversation import is_multi_turn
 from grpokit.environments.environment import Environment, Example
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.vision.images import ImageError, PixelBudget
 from grpokit.vision.inputs import VisionInputs
 from grpokit.vision.messages import has_images, prompt_images
-from grpokit.vision.render import load_processor, render_prompt
+from grpokit.vision.render import check_vision_model, load_processor, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +55,13 @@ class ImagePrompts:
         """The renderer (images within `budget`: data.pixel_budget) when an environment has prompts with
         images (None when none has: the text path); refuses what cannot be trained (see the module
         docstring), and an `engine` that cannot sample them (one without `samples_images`)."""
-        for env in eval_envs:
-            if (ex := first_image_example(env)) is not None:
-                raise ValueError(
-                    f"data.eval: environment {env.name!r} has prompts with images (example {ex.index}), which "
-                    "grpokit does not evaluate yet (docs/vision.md): unset data.eval or evaluate a text environment"
-                )
-        with_images = [(env, ex) for env in envs if (ex := first_image_example(env)) is not None]
+        with_images = [(env, ex) for env in [*envs, *eval_envs] if (ex := first_image_example(env)) is not None]
         if not with_images:
             return None
         for env, ex in with_images:
             check_single_turn(env, ex)
-        check_vision_model(tokenizer.name_or_path, *with_images[0])
+        env, ex = with_images[0]
+        check_vision_model(tokenizer.name_or_path, f"environment {env.name!r} (example {ex.index})")
         if engine is not None and not getattr(engine, "samples_images", False):
             raise ValueError(
                 f"environment {with_images[0][0].name!r} has prompts with images, which {type(engine).__name__} "
@@ -110,17 +104,4 @@ def check_single_turn(env: Environment, example: Example) -> None:
         raise ValueError(
             f"environment {env.name!r} has prompts with images (example {example.index}) and several turns: "
             "grpokit trains single-turn image prompts only, for now (docs/vision.md)"
-        )
-
-
-def check_vision_model(path: str, env: Environment, example: Example) -> None:
-    """Refuse a text-only policy for an environment whose prompts hold images."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path)
-    if not is_vision_language(config):
-        raise ValueError(
-            f"environment {env.name!r} has prompts with images (example {example.index}), but the policy "
-            f"{path!r} is a text-only model ({config.model_type}): set model.model to a vision-language model "
-            "(Qwen2.5-VL, Idefics3/SmolVLM) or use an environment without images"
         )

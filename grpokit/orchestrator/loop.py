@@ -129,6 +129,7 @@ class RolloutLoop:
                 self.run_dir,
                 self.start_step,
                 self.turns,
+                self.images,
             )
         self.kl_reward = None  # data.kl_in_reward: the reference loads on first use
         if settings.kl_in_reward is not None:
@@ -147,9 +148,8 @@ class RolloutLoop:
         images = ImagePrompts.for_envs(
             self.tokenizer, self.inputs.training, evaluated, self.engine, settings.pixel_budget
         )
-        for key, value in (("data.kl_in_reward", settings.kl_in_reward), ("data.expert", self.inputs.experts)):
-            if images is not None and value is not None:
-                raise ValueError(f"{key} does not take prompts with images yet: unset it (docs/vision.md)")
+        if images is not None and settings.kl_in_reward is not None:
+            raise ValueError("data.kl_in_reward does not take prompts with images yet: unset it (docs/vision.md)")
         return images
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:

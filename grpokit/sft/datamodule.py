@@ -26,6 +26,7 @@ from grpokit.orchestrator.packing import pack
 from grpokit.sft.render import ChatRenderer, Rendered
 from grpokit.sft.sources import SFTFields, ShuffledPasses, environment_chats, read_records, record_chats
 from grpokit.types import MicroBatch, Rollout, TrainingBatch
+from grpokit.vision.images import PixelBudget
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class SFTData(L.LightningDataModule):
         eval_interval: int = 10,
         tokenizer: str | None = None,
         seed: int | None = None,
+        pixel_budget: PixelBudget | None = None,
     ) -> None:
         """
         Args:
@@ -74,6 +76,7 @@ class SFTData(L.LightningDataModule):
             tokenizer: the tokenizer whose chat template renders the data; null: the policy's
                 (model.model), exactly as rollouts are rendered. Another must be the same tokenizer.
             seed: shuffles the examples and chooses the held-out ones (null: seed_everything).
+            pixel_budget: examples with images: their limits, as `grpokit fit`'s (a refusal stops the start).
         """
         super().__init__()
         check_settings(path is not None, env is not None, batch_size, seq_len, max_length, eval_interval)
@@ -84,7 +87,7 @@ class SFTData(L.LightningDataModule):
         self.batch_size, self.seq_len, self.max_length = batch_size, seq_len, max_length or seq_len
         self.overlong, self.eval_fraction, self.eval_path = overlong, eval_fraction, eval_path
         self.eval_interval, self.tokenizer_name = eval_interval, tokenizer
-        self.seed = 0 if seed is None else seed  # the CLI fills null from seed_everything
+        self.seed, self.pixel_budget = 0 if seed is None else seed, pixel_budget  # the CLI fills a null seed
         self.train_examples: list[Rendered] = []
         self.eval_examples: list[Rendered] = []
         self.max_steps, self.start_step = 0, 0
@@ -108,7 +111,7 @@ class SFTData(L.LightningDataModule):
 
     def prepare(self, tokenizer) -> None:
         """Read and render every example; hold out the eval share; drop or cut the over-long ones."""
-        renderer = ChatRenderer(tokenizer)
+        renderer = ChatRenderer(tokenizer, self.pixel_budget)
         examples = self._render(renderer, self._chats(self.path), self.path or "data.env")
         held_out = self._render(renderer, self._chats(self.eval_path), self.eval_path) if self.eval_path else []
         if self.eval_fraction:
@@ -134,10 +137,10 @@ class SFTData(L.LightningDataModule):
 
     def _fitted(self, examples: list[Rendered], which: str) -> list[Rendered]:
         """Examples of at most max_length tokens: longer ones dropped or cut (an example cut before its
-        first assistant token is dropped too); the counts are logged."""
+        first assistant token is dropped too, and one with images is never cut); the counts are logged."""
         out, cut, dropped = [], 0, 0
         for ex in examples:
-            if len(ex.input_ids) > self.max_length and self.overlong == "truncate":
+            if len(ex.input_ids) > self.max_length and self.overlong == "truncate" and ex.vision is None:
                 ex, cut = ex.cut(self.max_length), cut + 1
             if len(ex.input_ids) > self.max_length or not any(ex.loss_mask):
                 dropped += 1
@@ -167,9 +170,12 @@ class SFTData(L.LightningDataModule):
         return self._order.take(step * self.batch_size, self.batch_size)
 
     def eval_batch(self) -> list[MicroBatch]:
-        """The held-out examples, packed into micro-batches of at most seq_len tokens."""
+        """The held-out examples, packed into micro-batches of at most seq_len tokens; an example with images
+        is a micro-batch of its own (the eval's forward gives one sequence its image inputs)."""
         rollouts = [as_rollout(example, i) for i, example in enumerate(self.eval_examples)]
-        return pack(rollouts, [[0.0] * r.num_tokens for r in rollouts], [True] * len(rollouts), self.seq_len)
+        plain = [r for r in rollouts if r.vision is None]
+        batches = pack(plain, [[0.0] * r.num_tokens for r in plain], [True] * len(plain), self.seq_len) if plain else []
+        return batches + [pack([r], [[0.0] * r.num_tokens], [True], self.seq_len)[0] for r in rollouts if r.vision]
 
     def batch(self, step: int) -> TrainingBatch:
         """The TrainingBatch of `step`: its examples packed into micro-batches of at most seq_len tokens."""
@@ -220,6 +226,7 @@ def as_rollout(example: Rendered, index: int) -> Rollout:
         reward=0.0,
         is_truncated=example.truncated,
         policy_step=0,
+        vision=example.vision,
     )
 
 

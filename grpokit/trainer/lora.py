@@ -45,10 +45,13 @@ class LoraSettings:
             raise ValueError("model.lora.target_modules is empty: name the modules to adapt, e.g. [q_proj, v_proj]")
 
 
-def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing: bool) -> torch.nn.Module:
+def add_lora(
+    lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing: bool, modules_to_save: list[str] = ()
+) -> torch.nn.Module:
     """`lm` wrapped in a peft LoRA adapter (a causal-LM task); with checkpointing, the embedding's output
     requires grad so that checkpointed layers under frozen weights still backpropagate into the adapter.
-    A vision-language model's adapter is on its text decoder only (`lora_targets`)."""
+    A vision-language model's adapter is on its text decoder only (`lora_targets`); `modules_to_save` (its
+    projector or tower, model.vision.train: grpokit.trainer.vision_parts) train in full beside it."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -57,6 +60,7 @@ def add_lora(lm: torch.nn.Module, settings: LoraSettings, gradient_checkpointing
         lora_dropout=settings.dropout,
         target_modules=lora_targets(lm, list(settings.target_modules)),
         task_type="CAUSAL_LM",
+        modules_to_save=list(modules_to_save) or None,
     )
     check_target_modules(lm, settings.target_modules)
     lm = get_peft_model(lm, config)

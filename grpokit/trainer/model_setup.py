@@ -15,6 +15,7 @@ from grpokit.common.varlen import use_varlen
 from grpokit.trainer.fsdp import shard_model
 from grpokit.trainer.lora import LoraSettings, add_lora
 from grpokit.trainer.quantization import check_nf4
+from grpokit.trainer.vision_parts import VisionTraining, freeze_vision, vision_modules
 from grpokit.vision.logprobs import use_varlen_text
 
 
@@ -89,13 +90,32 @@ def shard(lm: torch.nn.Module, mesh, quantization: str | None, compiled: bool) -
     shard_model(lm, mesh)
 
 
+def check_vision_training(lm: torch.nn.Module, vision: VisionTraining, lora=None) -> VisionTraining | None:
+    """model.vision for a vision-language model (None for a text model, where setting it is refused)."""
+    if is_vision_language(lm.config):
+        if vision.freeze_language_model and lora is not None:
+            raise ValueError(
+                "model.vision.freeze_language_model with model.lora: the adapter is the language model's; set "
+                "model.lora: null to train only the vision parts"
+            )
+        return vision
+    if vision.train or vision.lr is not None:
+        raise ValueError(
+            f"model.vision {vision} is for vision-language models; {lm.config.model_type} is a text model: unset it"
+        )
+    return None
+
+
 def build_model(policy, device: torch.device, mesh=None) -> torch.nn.Module:
     """The Policy's trainable model on its settings (`policy`: a grpokit.trainer.policy.Policy), in
     training mode (from_pretrained returns eval mode; LoRA dropout must be live), sharded over `mesh`
     when given."""
     lm = load_base(policy.model_name, policy.dtype_name, policy.quantization, policy.gradient_checkpointing, device)
+    vision = check_vision_training(lm, policy.vision, policy.lora)
     if policy.lora is not None:
-        lm = add_lora(lm, policy.lora, policy.gradient_checkpointing)
+        lm = add_lora(lm, policy.lora, policy.gradient_checkpointing, vision_modules(lm, vision) if vision else [])
+    elif vision is not None:
+        freeze_vision(lm, vision)
     lm = set_attention(lm, policy.attention, device).train()
     if policy.compile_layers:
         compile_layers(lm, policy.activation_memory_budget)

@@ -38,6 +38,7 @@ from grpokit.trainer.model_setup import build_model, chunk_size, set_attention, 
 from grpokit.trainer.publish import noise_sigma, noisy_norm_weights, weight_update
 from grpokit.trainer.quantization import build_optimizer, check_optimizer, check_policy_settings
 from grpokit.trainer.teacher import load_teacher
+from grpokit.trainer.vision_parts import VisionTraining, vision_parameter_names
 from grpokit.types import MicroBatch, TrainingBatch, WeightUpdate
 
 
@@ -69,6 +70,7 @@ class Policy(L.LightningModule):
         activation_memory_budget: float | None = None,
         share_prefixes: bool | None = None,
         init_from: str | None = None,
+        vision: VisionTraining | None = None,
     ) -> None:
         """
         Args:
@@ -114,6 +116,8 @@ class Policy(L.LightningModule):
                 (its model/ folder, the SFT adapter merged), which the engine samples first and reference
                 terms compare against; `model` must be the base it was fine-tuned from; `lora` adds a
                 fresh adapter (grpokit.trainer.init_from).
+            vision: a vision-language model's vision parts that train beside its language model
+                (`{train: [projector, tower], lr: ...}`; default: both frozen; grpokit.trainer.vision_parts).
         """
         super().__init__()
         if loss is None:
@@ -121,6 +125,7 @@ class Policy(L.LightningModule):
         self.model_name = model if init_from is None else sft_model(init_from, model)  # the weights it loads
         self.base_model, self.init_from = model, init_from  # model.model: the base and tokenizer, as named
         self.lora, self.loss = lora, loss
+        self.vision = vision or VisionTraining()
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.lr_schedule, self.warmup_steps, self.min_lr_ratio = lr_schedule, warmup_steps, min_lr_ratio
         self.max_grad_norm, self.dtype_name, self.gradient_checkpointing = max_grad_norm, dtype, gradient_checkpointing
@@ -410,13 +415,14 @@ class Policy(L.LightningModule):
     def make_optimizer(self) -> torch.optim.Optimizer:
         """The model.optimizer over the trainable weights (configure_optimizers, and grpokit bench)."""
         check_optimizer(self.optimizer_name, self.device)
-        return build_optimizer(
-            self.optimizer_name,
-            [p for p in self.lm.parameters() if p.requires_grad],
-            self.lr,
-            self.betas,
-            self.weight_decay,
-        )
+        trained = [(n, p) for n, p in self.lm.named_parameters() if p.requires_grad]
+        params = [p for _, p in trained]
+        if self.vision.lr is not None and (vision := vision_parameter_names(self.lm)):
+            params = [
+                {"params": [p for n, p in trained if n not in vision]},
+                {"params": [p for n, p in trained if n in vision], "lr": self.vision.lr},
+            ]
+        return build_optimizer(self.optimizer_name, params, self.lr, self.betas, self.weight_decay)
 
     def configure_optimizers(self):
         opt = self.make_optimizer()

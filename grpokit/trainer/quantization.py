@@ -109,14 +109,20 @@ def check_optimizer(name: str, device: torch.device | str) -> None:
 
 
 def build_optimizer(
-    name: str, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], weight_decay: float
+    name: str,
+    params: Iterable[torch.nn.Parameter] | list[dict],
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
 ) -> torch.optim.Optimizer:
-    """AdamW (torch), AdamW8bit or PagedAdamW8bit (bitsandbytes) over `params`."""
+    """AdamW (torch), AdamW8bit or PagedAdamW8bit (bitsandbytes) over `params` (parameters, or torch's
+    parameter groups: dicts with "params" and their own settings, e.g. model.vision.lr)."""
     validate_choice("model.optimizer", name, OPTIMIZERS)
     params = list(params)
     if name == "adamw":
+        flat = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
         # one fused kernel per step on CUDA (plain tensors; FSDP2's DTensors keep foreach), foreach elsewhere
-        fused = bool(params) and all(p.device.type == "cuda" and type(p.data) is torch.Tensor for p in params)
+        fused = bool(flat) and all(p.device.type == "cuda" and type(p.data) is torch.Tensor for p in flat)
         return torch.optim.AdamW(
             params, lr=lr, betas=betas, weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True})
         )

@@ -25,12 +25,13 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from grpokit.common.io import atomic_folder, atomic_save_tensors, atomic_write_json
-from grpokit.common.models import load_causal_lm, load_tokenizer, parse_dtype
+from grpokit.common.models import load_causal_lm, parse_dtype
 from grpokit.loss import LossInputs
 from grpokit.trainer.init_from import SFT_MARKER
 from grpokit.trainer.model_setup import uses_varlen
 from grpokit.trainer.policy import Policy
 from grpokit.types import MicroBatch, WeightUpdate
+from grpokit.vision.render import save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,12 @@ class SFTPolicy(Policy):
             for mb in micro_batches:
                 mb = move_data_to_device(mb, self.device)
                 lengths = mb.seq_lens_N.tolist()
+                images = {}  # a sequence with images is a micro-batch of its own (SFTData.eval_batch)
+                if mb.vision is not None:
+                    images = mb.vision.model_kwargs(self.device, next(self.lm.parameters()).dtype)
                 for ids_T, mask_T in zip(mb.input_ids_T.split(lengths), mb.loss_mask_T.split(lengths)):
-                    logits_TV = self.lm(input_ids=ids_T[None], **self._single_sequence(len(ids_T))).logits[0, :-1]
+                    logits_TV = self.lm(input_ids=ids_T[None], **self._single_sequence(len(ids_T)), **images)
+                    logits_TV = logits_TV.logits[0, :-1]
                     keep_T = mask_T[1:] > 0  # token t + 1 is predicted from position t
                     logp_T = torch.log_softmax(logits_TV.float(), -1).gather(-1, ids_T[1:, None])[:, 0]
                     nll -= float(logp_T[keep_T].sum())
@@ -138,6 +143,6 @@ def write_model(folder: Path, update: WeightUpdate, start: str, base: str, dtype
             atomic_write_json(adapter / "adapter_config.json", update.lora_config)
             lm = PeftModel.from_pretrained(lm, str(adapter)).merge_and_unload()
         lm.save_pretrained(tmp)
-        load_tokenizer(start).save_pretrained(tmp)
+        save_tokenizer(start, tmp)
         marker = {"base_model": base, "step": update.step, "lora": update.lora_config is not None}
         atomic_write_json(tmp / SFT_MARKER, marker)

@@ -37,20 +37,27 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True)
 class PixelBudget:
-    """How many pixels an image may have, and what happens to one with more.
+    """How many pixels an image may have, what happens to one with more, and how many images a prompt may
+    hold.
 
     Args:
         max_pixels: width x height limit; None = no limit.
         over_budget: "resize" scales the image down to fit, keeping its aspect ratio; "refuse" raises
             ImageError naming the image's size and the budget.
+        max_images: the most images one prompt (or SFT chat) may hold, as the model takes them (e.g. 1 for a
+            model trained on single-image prompts, vLLM's limit_mm_per_prompt); a prompt with more is
+            refused with ImageError naming the count (a logged skip in a run). None = no limit.
     """
 
     max_pixels: int | None = None
     over_budget: Literal["resize", "refuse"] = "resize"
+    max_images: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_pixels is not None and self.max_pixels < 1:
             raise ValueError(f"max_pixels must be >= 1 or None, got {self.max_pixels}")
+        if self.max_images is not None and self.max_images < 1:
+            raise ValueError(f"max_images must be >= 1 or None, got {self.max_images}")
         if self.over_budget not in ("resize", "refuse"):
             raise ValueError(f"over_budget must be 'resize' or 'refuse', got {self.over_budget!r}")
 

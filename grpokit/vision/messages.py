@@ -70,8 +70,14 @@ def split_images(messages: list[Message], label: str | None = None) -> tuple[lis
 
 def prompt_images(messages: list[Message], budget: PixelBudget | None = None, label: str | None = None):
     """(the processor-shaped messages, the RGB images within `budget` in prompt order): split_images,
-    then each source loaded (grpokit.vision.images.load_image; no budget = no limit)."""
+    then each source loaded (grpokit.vision.images.load_image; no budget = no limit). More images than
+    `budget.max_images` is an ImageError naming the count."""
     shaped, sources = split_images(messages, label)
+    if budget is not None and budget.max_images is not None and len(sources) > budget.max_images:
+        raise ImageError(
+            f"{len(sources)} images, more than the model takes (data.pixel_budget.max_images {budget.max_images})",
+            label,
+        )
     return shaped, [load_image(source, budget, label) for source in sources]
 
 

@@ -30,10 +30,12 @@ class RenderedPrompt:
     vision: VisionInputs
 
 
-def render_prompt(processor, messages: list[dict], images: list[Image.Image]) -> RenderedPrompt:
+def render_prompt(
+    processor, messages: list[dict], images: list[Image.Image], add_generation_prompt: bool = True
+) -> RenderedPrompt:
     """Render `messages` (processor-shaped: grpokit.vision.messages.split_images) with `images`, in order,
-    ending with the assistant header (add_generation_prompt)."""
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ending with the assistant header (add_generation_prompt; without it, a whole chat for SFT)."""
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
     ids = encoded["input_ids"][0].tolist()
     tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
@@ -91,3 +93,32 @@ def without_video(cls: type) -> type:
         cls.__init__(self, image_processor, tokenizer, video_processor=None, chat_template=chat_template, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": f"{cls.__name__} without its video part."})
+
+
+def check_vision_model(path: str, where: str) -> None:
+    """Refuse a text-only policy for data with images; `where` says which ("environment 'x' (example 3)",
+    "data.path 'sft.jsonl' example 0")."""
+    from transformers import AutoConfig
+
+    from grpokit.common.models import is_vision_language
+
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_language(config):
+        raise ValueError(
+            f"{where} has images, but the policy {path!r} is a text-only model ({config.model_type}): set "
+            "model.model to a vision-language model (Qwen2.5-VL, Idefics3/SmolVLM, smollm2-135m-vision) or use "
+            "data without images"
+        )
+
+
+def save_tokenizer(name: str, folder) -> None:
+    """Model `name`'s tokenizer saved into `folder` and, for a vision-language model, its processor too (the
+    image processor's settings, the image tokens), so the folder renders prompts as `name` does."""
+    from transformers import AutoConfig
+
+    from grpokit.common.models import is_vision_language, load_tokenizer, resolve_model
+
+    load_tokenizer(name).save_pretrained(folder)
+    path = resolve_model(name)
+    if is_vision_language(AutoConfig.from_pretrained(path)):
+        load_processor(path).save_pretrained(folder)

@@ -59,10 +59,11 @@ def test_sft_then_fit_on_one_file(tmp_path, tiny_model):
     assert main(["eval", "--config", recipe, *flags, "--out", str(tmp_path / "e.json")]) == 0
 
 
-def test_the_shipped_pipeline_recipe_parses_for_both_commands(tmp_path):
-    recipe = str(shipped_recipe("reverse_text_pipeline"))
+@pytest.mark.parametrize("name", ["reverse_text", "shapes_vision"])
+def test_the_shipped_pipeline_recipes_parse_for_both_commands(tmp_path, name):
+    recipe = str(shipped_recipe(f"{name}_pipeline"))
     sft = make_sft_cli(["--config", recipe, "--output_dir", str(tmp_path)], run=False)
-    assert isinstance(sft.datamodule, SFTData) and sft.run.run_dir == tmp_path / "reverse_text_sft"
-    (tmp_path / "reverse_text_sft" / "model").mkdir(parents=True)  # as if the SFT stage had finished
+    assert isinstance(sft.datamodule, SFTData) and sft.run.run_dir == tmp_path / f"{name}_sft"
+    (tmp_path / f"{name}_sft" / "model").mkdir(parents=True)  # as if the SFT stage had finished
     fit = make_cli(["--config", recipe, "--output_dir", str(tmp_path), "--sft", "null"], run=False)
     assert fit.model.init_from is None

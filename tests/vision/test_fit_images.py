@@ -40,7 +40,7 @@ def test_a_two_step_fit_on_image_prompts_is_token_faithful(vl_family, tmp_path):
 
 
 def test_a_fit_of_an_image_environment_on_a_text_model_stops_at_start_naming_the_fix(tiny_model, tmp_path):
-    with pytest.raises(ValueError, match="environment 'shapes' has prompts with images .* set model.model to a vision"):
+    with pytest.raises(ValueError, match="environment 'shapes' .example 0. has images, .* set model.model to a vision"):
         main(image_fit_argv(tmp_path, tiny_model, "text"))
     assert not (tmp_path / "text" / "metrics.csv").exists()
 

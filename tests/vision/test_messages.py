@@ -44,3 +44,14 @@ def test_a_part_of_another_type_or_without_an_image_is_refused():
         split_images([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
     with pytest.raises(ImageError, match="image part without an image"):
         split_images([{"role": "user", "content": [{"type": "image"}]}])
+
+
+def test_more_images_than_the_model_takes_is_refused_naming_the_count():
+    from grpokit.vision.images import PixelBudget
+
+    two = [{"role": "user", "content": [{"type": "image", "image": striped(8, 8, 1)}] * 2}]
+    with pytest.raises(ImageError, match=r"shapes example 4: 2 images, more than the model takes .*max_images 1"):
+        prompt_images(two, PixelBudget(max_images=1), "shapes example 4")
+    assert len(prompt_images(two, PixelBudget(max_images=2))[1]) == 2
+    with pytest.raises(ValueError, match="max_images"):
+        PixelBudget(max_images=0)

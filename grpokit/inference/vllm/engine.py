@@ -114,6 +114,12 @@ class VLLMEngine(RemoteEngine):
             raise ValueError(
                 "VLLMEngine loads adapters from disk: use `broadcast: FilesystemBroadcast` (the update has no folder)"
             )
+        if update.lora_config.get("modules_to_save"):
+            raise ValueError(
+                f"the adapter of step {update.step} trains {update.lora_config['modules_to_save']} in full "
+                "(model.vision.train), which vLLM's LoRA cannot load: train them with full weights "
+                "(model.lora: null, broadcast VLLMNCCLBroadcast), or sample with BuiltinEngine"
+            )
         name = f"step_{update.step}"
         self._sweep_pins()
         path = pin_adapter(update.path, name)
