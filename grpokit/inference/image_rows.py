@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from grpokit.common.models import unwrap_peft
-from grpokit.inference import Completion, SamplingSettings
+from grpokit.inference import Completion, SamplingSettings, ServingOptions
 from grpokit.inference.sampler import cache_kwarg, decode_rows
 from grpokit.vision.inputs import VisionInputs
 from grpokit.vision.logprobs import image_token_ids
@@ -60,16 +60,20 @@ def image_prefill(model: torch.nn.Module, prompt_ids: list[int], vision: VisionI
     return ids_P.expand(n, -1), mask_1P.expand(n, -1), last_P.expand(n, -1), cache, logits_1V[rows_B]
 
 
-def sample_image_group(engine, request, sampling: SamplingSettings, generator: torch.Generator) -> list[Completion]:
+def sample_image_group(
+    engine, request, sampling: SamplingSettings, generator: torch.Generator, cancelled=None
+) -> list[Completion]:
     """The n completions of `request` (a GroupRequest with vision) on `engine`'s model (a BuiltinEngine,
-    plain path; its merged LoRA weights active when it has them)."""
+    plain path; its merged LoRA weights active when it has them). `cancelled`: a threading.Event that
+    stops the decode between steps (a server's request whose client has gone)."""
     model = engine.model
     placeholders = image_token_ids(unwrap_peft(model).config)
     sampling = replace(sampling, max_tokens=request.max_tokens or sampling.max_tokens)
     stop = engine._stop_token_ids(sampling) | placeholders
     prefilled = image_prefill(model, request.prompt_ids, request.vision, request.n)
+    options = ServingOptions(cancelled=cancelled) if cancelled is not None else None
     rows = decode_rows(
-        model, [request.prompt_ids] * request.n, prefilled, sampling, stop, generator, engine.tokenizer.decode
+        model, [request.prompt_ids] * request.n, prefilled, sampling, stop, generator, engine.tokenizer.decode, options
     )
     completions = []
     for row in rows:

@@ -251,12 +251,13 @@ class InterruptingStream(ConcurrentStream):
         for row in live:
             row.keep(done)
         if done == 0:
-            body = engine._body(request.prompt_ids, len(live), sampling, 0)
+            body = engine._body(request.prompt_ids, len(live), sampling, 0, request.vision)
         else:
             rest = replace(
                 sampling, max_tokens=sampling.max_tokens - done, min_tokens=max(0, sampling.min_tokens - done)
             )
-            body = engine._body([request.prompt_ids + row.token_ids for row in live], 1, rest, 0)
+            continued = [request.prompt_ids + row.token_ids for row in live]  # one `vision` serves them all
+            body = engine._body(continued, 1, rest, 0, request.vision)
         if not first:  # a continuation (or a restart): unseeded, and ahead of the requests sent since
             body.pop("seed", None)
             if engine.continuation_priority is not None:

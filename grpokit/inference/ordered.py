@@ -55,6 +55,7 @@ class OrderedStream(GenerationStream):
         super().__init__(engine, sampling, max_rows)
         self.sent: deque[_Sent] = deque()
         self.submitted, self.wait = 0, wait
+        self.takes_images = bool(getattr(engine, "takes_vision", False))
 
     @property
     def inflight(self) -> int:
@@ -68,7 +69,7 @@ class OrderedStream(GenerationStream):
         self.submitted += 1
         engine = self.engine
         url = engine.next_url()
-        body = engine._body(request.prompt_ids, request.n, sampling, 0)
+        body = engine._body(request.prompt_ids, request.n, sampling, 0, request.vision)
         body["max_weight_step"] = max(engine.weight_step, 0)  # grpokit's server (dropped for others)
         self.sent.append(_Sent(request, url, sampling, engine.send_in_order(url, body)))
 

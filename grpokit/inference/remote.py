@@ -8,6 +8,9 @@ request; vLLM reloads the LoRA adapter), so `load_weights` only records the step
 for. Several `base_url`s spread the prompts round-robin.
 `served_weight_step` asks every server (`GET /v1/weights`, grpokit's server only) which step it holds:
 the orchestrator's progress source when the broadcast is one only the servers may poll (NCCL, IPC).
+Prompts with images (`samples_images`, grpokit's server only): a group's image inputs go with its token
+ids as grpokit's `vision` field (grpokit.vision.inputs.to_base64, the tensors the trainer scores with;
+grpokit.inference.server.images says why not the pictures), once its server has said it takes images.
 
 A server is trusted with nothing: redirects are refused (a redirect would carry the API key to another
 address); every answer is checked before it becomes rollouts (n choices per prompt with indices 0..n-1,
@@ -41,6 +44,7 @@ from grpokit.common.models import resolve_model
 from grpokit.common.waits import check_seconds
 from grpokit.inference import Completion, InferenceEngine, SamplingSettings, server_finish_reason
 from grpokit.types import WeightUpdate
+from grpokit.vision.inputs import to_base64
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,6 +69,7 @@ class RemoteEngine(InferenceEngine):
         True  # grpokit's server loads the broadcast's updates, noisy norms included, into its own engine
     )
     servers_load_weights = True
+    takes_vision = True  # generate(..., vision=) and the streams send a group's image inputs
     run_name: str | None = None  # the run's (grpokit.run.start_engine): a server naming another run is refused
 
     def __init__(
@@ -117,6 +122,7 @@ class RemoteEngine(InferenceEngine):
         self.pin_weights = False
         self._grpokit_servers: set[str] = set()  # servers whose GET /v1/weights answered a weight_step
         self._runs_checked: set[str] = set()  # servers whose run (GET /v1/weights) was checked against run_name
+        self._image_servers: set[str] = set()  # servers whose GET /v1/models said they take images
         self._run_lock = threading.Lock()
         self._turns = itertools.count()  # requests are spread round-robin, across calls too (streams)
         self._lanes: dict[str, ThreadPoolExecutor] = {}  # data.deterministic: one sender per server (send_in_order)
@@ -242,9 +248,47 @@ class RemoteEngine(InferenceEngine):
         """The server for the next request (round-robin)."""
         return self.base_urls[next(self._turns) % len(self.base_urls)]
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> list[list[Completion]]:
+    @property
+    def samples_images(self) -> bool:
+        """Whether every server takes prompts with images (grpokit's server on a vision-language model); a
+        ValueError names one that does not. A server not reachable yet is asked again before its first
+        request with images."""
+        try:
+            for url in self.base_urls:
+                self._check_images(url)
+        except ConnectionError as e:
+            log.warning("RemoteEngine: %s; it is asked again before its first prompt with images", e)
+        return True
+
+    def _check_images(self, url: str) -> None:
+        """Once per server: a ValueError unless its GET /v1/models says it samples prompts with images."""
+        if url in self._image_servers:
+            return
+        try:
+            answer = json.loads(self._call(url, "models"))
+            cards = answer.get("data") if isinstance(answer, dict) and "weight_step" in answer else None
+        except (RemoteError, json.JSONDecodeError):
+            cards = None
+        if not isinstance(cards, list):
+            raise ValueError(
+                f"inference server {url} is not `grpokit infer`, and RemoteEngine sends prompts with images to "
+                "grpokit's server only: serve the vision-language model with `grpokit infer`"
+            )
+        card = next((c for c in cards if isinstance(c, dict) and c.get("id") == self.model_name), None)
+        if card is None or card.get("images") is not True:
+            raise ValueError(
+                f"`grpokit infer` at {url} does not sample prompts with images (a text-only model, or "
+                "BuiltinEngine's fast path): serve a vision-language model with --inference.init_args.fast off"
+            )
+        self._image_servers.add(url)
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingSettings, vision: list | None = None
+    ) -> list[list[Completion]]:
+        """n completions per prompt; `vision`: each prompt's image inputs (VisionInputs, or None)."""
         self._vocabulary()
-        bodies = [self._body(ids, n, sampling, i) for i, ids in enumerate(prompts)]
+        vision = vision or [None] * len(prompts)
+        bodies = [self._body(ids, n, sampling, i, vision[i]) for i, ids in enumerate(prompts)]
         urls = [self.next_url() for _ in bodies]
         if self.pin_weights:
             answers = self._post_in_order(list(zip(urls, bodies)))
@@ -287,7 +331,8 @@ class RemoteEngine(InferenceEngine):
         except ValueError as e:
             raise ValueError(f"inference server {url}: {e}") from None
 
-    def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
+    def _body(self, prompt_ids: list, n: int, sampling: SamplingSettings, index: int, vision=None) -> dict:
+        """A completions request; `vision`: the prompt's image inputs (grpokit's server only, `_check_images`)."""
         body = {
             "model": self.model_name,
             "prompt": prompt_ids,
@@ -308,6 +353,8 @@ class RemoteEngine(InferenceEngine):
             body["stop_token_ids"] = sampling.stop_token_ids
         if self.pin_weights:  # grpokit's server: weights of at most this step (dropped for other servers)
             body["max_weight_step"] = max(self.weight_step, 0)
+        if vision:
+            body["vision"] = to_base64(vision)
         return body
 
     def _completion(self, choice: dict, answer: dict, sampling: SamplingSettings) -> Completion:
@@ -386,6 +433,8 @@ class RemoteEngine(InferenceEngine):
         """
         if self.run_name is not None and not endpoint.startswith("weights") and url not in self._runs_checked:
             self._check_run(url, body.get("max_weight_step") if body is not None else None)
+        if body is not None and "vision" in body:
+            self._check_images(url)  # another server would sample the ids without the images
         if body is not None and "max_weight_step" in body and url not in self._grpokit_servers:
             body = {k: v for k, v in body.items() if k != "max_weight_step"}  # grpokit's field: not for vLLM & co
         data = None if body is None else json.dumps(body).encode()

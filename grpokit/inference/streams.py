@@ -24,7 +24,9 @@ with one admission per step's prompts, as with max_async_level 0 and max_infligh
 the stream samples exactly what `generate` samples with that seed.
 
 A group whose prompt holds images (`vision`) is taken only by a stream with `takes_images`: BuiltinEngine's
-plain path, which samples it on its own (grpokit.inference.image_rows).
+plain path, which samples it on its own (grpokit.inference.image_rows), and the streams below over an
+engine whose `generate` takes `vision=` (`takes_vision`: RemoteEngine, which sends the group's image
+inputs with its token ids to `grpokit infer`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class FinishedGroup:
 
     request: GroupRequest
     completions: list[Completion]
+
+
+def vision_kwargs(requests: list[GroupRequest]) -> dict:
+    """`generate`'s `vision=` for these groups' prompts when any holds images (engines with `takes_vision`)."""
+    return {"vision": [r.vision for r in requests]} if any(r.vision for r in requests) else {}
 
 
 class GenerationStream(ABC):
@@ -101,6 +108,7 @@ class BatchedStream(GenerationStream):
 
     def __init__(self, engine, sampling: SamplingSettings, max_rows: int) -> None:
         super().__init__(engine, sampling, max_rows)
+        self.takes_images = bool(getattr(engine, "takes_vision", False))
 
     @property
     def inflight(self) -> int:
@@ -116,7 +124,8 @@ class BatchedStream(GenerationStream):
             same = [r for r in taken if (r.n, r.max_tokens or self.sampling.max_tokens) == (n, max_tokens)]
             seed = same[0].seed if same[0].seed is not None else self.sampling.seed
             sampling = replace(self.sampling, seed=seed, max_tokens=max_tokens)
-            for request, completions in zip(same, self.engine.generate([r.prompt_ids for r in same], n, sampling)):
+            groups = self.engine.generate([r.prompt_ids for r in same], n, sampling, **vision_kwargs(same))
+            for request, completions in zip(same, groups):
                 out.append(FinishedGroup(request, completions))
         order = {id(r): i for i, r in enumerate(taken)}
         return sorted(out, key=lambda g: order[id(g.request)])
@@ -131,6 +140,7 @@ class ConcurrentStream(GenerationStream):
 
     def __init__(self, engine, sampling: SamplingSettings, max_rows: int, max_requests: int, wait: float = 0.05):
         super().__init__(engine, sampling, max_rows)
+        self.takes_images = bool(getattr(engine, "takes_vision", False))
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, max_requests), thread_name_prefix="grpokit-stream")
         self.running: dict[cf.Future, tuple[int, GroupRequest]] = {}
         self.submitted, self.wait = 0, wait
@@ -156,7 +166,7 @@ class ConcurrentStream(GenerationStream):
 
     def _work(self, request: GroupRequest, sampling: SamplingSettings) -> list[Completion]:
         """A group's completions (on a worker thread)."""
-        return self.engine.generate([request.prompt_ids], request.n, sampling)[0]
+        return self.engine.generate([request.prompt_ids], request.n, sampling, **vision_kwargs([request]))[0]
 
     def close(self, wait: float = 60.0) -> None:
         """Drop the queued groups and wait up to `wait` seconds for the requests in flight (as a whole-batch

@@ -120,8 +120,8 @@ class GroupPlay:
             if pending.vision is not None and not self.stream.takes_images:
                 raise ValueError(
                     f"environment {getattr(pending.env, 'name', pending.env)!r} has prompts with images, which "
-                    f"{type(self.engine).__name__} cannot sample yet: use inference BuiltinEngine with fast: off "
-                    "(docs/vision.md)"
+                    f"{type(self.engine).__name__} cannot sample yet: use inference BuiltinEngine with fast: off, or "
+                    "RemoteEngine in front of `grpokit infer` (docs/vision.md)"
                 )
             request = GroupRequest(pending, pending.prompt_ids, self.group_size, pending.seed, vision=pending.vision)
             self.stream.submit(request)

@@ -9,12 +9,11 @@ GroupRequest -> Rollout.vision). Prompts without images keep the tokenizer's cha
 (grpokit.orchestrator.prompt_length.prompt_token_ids), unchanged.
 
 Checked at the start, not mid-run (`ImagePrompts.for_envs`): an environment with images given a text-only
-model or an engine that cannot sample images (all but BuiltinEngine's plain path, for now), a multi-turn
-or Env-episode environment with images, or images in data.eval's environments is refused with the fix. A
-prompt whose image cannot be used (missing, unreadable, over data.pixel_budget with `over_budget: refuse`:
-ImageError) is skipped and
-logged with its environment and example, and recorded as `bad_image` in prompts.jsonl
-(grpokit.orchestrator.accounting), never a crash mid-run.
+model or an engine that cannot sample images (all but BuiltinEngine's plain path and RemoteEngine in front
+of `grpokit infer`, for now), a multi-turn or Env-episode environment with images, or images in data.eval's
+environments is refused with the fix. A prompt whose image cannot be used (missing, unreadable, over
+data.pixel_budget with `over_budget: refuse`: ImageError) is skipped and logged with its environment and
+example, and recorded as `bad_image` in prompts.jsonl (grpokit.orchestrator.accounting), never a crash mid-run.
 """
 
 from __future__ import annotations
@@ -65,7 +64,8 @@ class ImagePrompts:
         if engine is not None and not getattr(engine, "samples_images", False):
             raise ValueError(
                 f"environment {with_images[0][0].name!r} has prompts with images, which {type(engine).__name__} "
-                "cannot sample yet (fast path, servers): use inference BuiltinEngine with fast: off (docs/vision.md)"
+                "cannot sample yet (fast path, vLLM): use inference BuiltinEngine with fast: off, or RemoteEngine in "
+                "front of `grpokit infer` (docs/vision.md)"
             )
         return cls(tokenizer, budget)
 

@@ -7,11 +7,15 @@ LLaVA `pixel_values` [images, C, H, W]. VisionInputs holds them by name with, pe
 along which the images of several sequences are concatenated when they are packed into one row
 (`image_dims`; 0 for the flat layouts, 1 for the nested [batch, tiles, ...] one). grpokit batches are
 safetensors files: `to_tensors` gives tensors plus a header of strings (safetensors metadata), and
-`from_tensors` reads them back; there is nothing else to serialise.
+`from_tensors` reads them back; there is nothing else to serialise. Over HTTP (RemoteEngine to
+`grpokit infer`) the same safetensors bytes travel base64-encoded in a JSON field (`to_base64`,
+`from_base64`): still no pickle, and the server gets bit for bit the tensors the trainer scores.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field
 
@@ -83,3 +87,36 @@ def concat(parts: list[VisionInputs]) -> VisionInputs:
             raise ValueError(f"cannot pack image inputs {part.image_dims} with {dims}: different model inputs")
     tensors = {name: torch.cat([p.tensors[name] for p in present], dim=dim) for name, dim in dims.items()}
     return VisionInputs(tensors, dict(dims))
+
+
+def to_base64(vision: VisionInputs) -> str:
+    """`vision` as base64 safetensors bytes, its header as their metadata (how it travels in JSON)."""
+    from safetensors.torch import save
+
+    tensors, header = vision.to_tensors()
+    return base64.b64encode(save(tensors, metadata=header)).decode("ascii")
+
+
+def from_base64(text: str) -> VisionInputs:
+    """The VisionInputs `to_base64` wrote; ValueError for anything else (not base64, not safetensors, no
+    VisionInputs header). safetensors reads only tensors: nothing in the bytes is run."""
+    from safetensors.torch import load
+
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"not base64: {e}") from None
+    size = int.from_bytes(raw[:8], "little") if len(raw) >= 8 else -1
+    if not 0 < size <= len(raw) - 8:
+        raise ValueError("not safetensors bytes (no header)")
+    try:
+        header = json.loads(raw[8 : 8 + size]).get("__metadata__") or {}
+        tensors = load(raw)
+    except Exception as e:  # safetensors' own error type, JSON errors, a header that is not an object
+        raise ValueError(f"not safetensors bytes: {type(e).__name__}: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError("the safetensors metadata is not an object")
+    try:
+        return VisionInputs.from_tensors(tensors, header)
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"bad VisionInputs header: {type(e).__name__}: {e}") from None

@@ -117,12 +117,17 @@ def refusal(model, body: dict, context: RequestContext = CONTEXT) -> tuple[str, 
         (
             ChatCompletionRequest,
             {"messages": [USER[0], {"role": "user", "content": [{"type": "image_url"}]}]},
-            ("messages[1].content: only text parts are supported", "messages", 400),
+            (
+                'messages[1].content: only text parts and image parts ({"type": "image_url", "image_url": '
+                '{"url": "data:image/png;base64,..."}}) are supported',
+                "messages",
+                400,
+            ),
         ),
         (
             ChatCompletionRequest,
             {"messages": [USER[0], {"role": "user", "content": 3}]},
-            ("messages[1].content must be a string or an array of text parts", "messages", 400),
+            ("messages[1].content must be a string or an array of text and image parts", "messages", 400),
         ),
         (
             ChatCompletionRequest,
@@ -225,7 +230,7 @@ def test_field_order_is_the_endpoints_own_then_sampling_then_stream():
     fields = list(ChatCompletionRequest.model_fields)
     assert fields[:3] == ["model", "messages", "chat_template_kwargs"] and fields[-2:] == ["stream", "stream_options"]
     assert fields.index("max_completion_tokens") < fields.index("max_tokens") < fields.index("echo")
-    assert list(CompletionRequest.model_fields)[:4] == ["model", "prompt", "logprobs", "max_tokens"]
+    assert list(CompletionRequest.model_fields)[:5] == ["model", "prompt", "logprobs", "vision", "max_tokens"]
 
 
 def test_null_is_absent_unknown_fields_are_ignored_and_defaults_of_unsupported_fields_pass():

@@ -11,9 +11,11 @@ from grpokit.broadcast import WeightBroadcast
 from grpokit.common.loaded_weights import check_loaded, update_source
 from grpokit.inference import Completion, InferenceEngine, NewTokens, SamplingSettings, ServingOptions
 from grpokit.inference.server.answers import Answers
+from grpokit.inference.server.images import ServedImages
 from grpokit.inference.server.requests import PromptBudget, RequestError, SamplingRequest
 from grpokit.inference.server.stream import AnswerStream
 from grpokit.inference.server.worker import EngineCall
+from grpokit.vision.inputs import VisionInputs
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +31,11 @@ class RequestSampler:
         max_model_len: int | None,
         budget: PromptBudget,
         answers: Answers,
+        images: ServedImages | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.broadcast = engine, tokenizer, broadcast
         self.max_model_len, self.budget, self.answers = max_model_len, budget, answers
+        self.images = images  # prompts with images (grpokit.inference.server.images)
         self._weights_error: str | None = None  # the last failed read of the broadcast, logged once
 
     def render(self, messages: list[dict], template_kwargs: dict) -> list[int]:
@@ -116,16 +120,20 @@ class RequestSampler:
         param: str,
         call: EngineCall,
         stream: AnswerStream | None = None,
+        vision: VisionInputs | None = None,
     ) -> list[list[Completion]]:
         """Load newer broadcast weights, check the prompts and max_tokens against the context, then sample
         n completions per prompt (`stream` follows the decode steps; `call.cancelled` stops them). `param`
-        names the prompt's field in errors."""
+        names the prompt's field in errors. `vision`: every prompt's image inputs (ServedImages.generate)."""
         self.load_newer_weights(upto=params.max_weight_step)
         sampling = self.settings(prompts, params, param)
         options = ServingOptions(params.top_logprobs, stream.on_tokens if stream else None, call.cancelled)
         if stream is not None:
             stream.start(self.engine.weight_step)
-        groups = generate_with(self.engine, prompts, params.n, sampling, options)
+        if vision is not None:
+            groups = self.images.generate(prompts, vision, params.n, sampling, options)
+        else:
+            groups = generate_with(self.engine, prompts, params.n, sampling, options)
         if call.cancelled.is_set():
             raise RequestError("nobody waits for this answer any more", status=499)
         return groups

@@ -43,6 +43,9 @@ Where it departs from the OpenAI API:
   is a 400, never silently ignored. Other unknown fields are ignored, as vLLM does.
 - Token ids keep a stop string and the EOS token, as the engine sampled them; `text` and `content`
   end before the stop string, as in OpenAI's API.
+- Images, on a vision-language model (grpokit.inference.server.images): chat image parts as `data:` URLs,
+  rendered by the model's processor; `/v1/completions`' `vision` field carries token-id prompts' image
+  inputs (RemoteEngine); the model card's `images` says whether the server takes them.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from grpokit.inference.server.asgi import OpenAIServer
 from grpokit.inference.server.errors import RequestError
 from grpokit.inference.server.fields import RequestContext, unknown_model
 from grpokit.inference.server.generation import RequestSampler
+from grpokit.inference.server.images import ServedImages
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import (
     ChatCompletionRequest,
@@ -72,6 +76,7 @@ from grpokit.inference.server.requests import (
 )
 from grpokit.inference.server.stream import ChatStream, CompletionStream
 from grpokit.inference.server.worker import EngineCall, EngineWorker, OnEngine
+from grpokit.vision.messages import has_images
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +104,10 @@ class OpenAIApp:
         self.budget = PromptBudget.of(max_model_len, self.limits.max_prompt_tokens, longest_token_chars(tokenizer))
         self.worker = EngineWorker(self.limits.max_queued_requests)
         self.answers = Answers(tokenizer, model_name)
-        self.sampler = RequestSampler(engine, tokenizer, broadcast, self.max_model_len, self.budget, self.answers)
+        self.images = ServedImages(engine, tokenizer, model_name)  # prompts with images
+        self.sampler = RequestSampler(
+            engine, tokenizer, broadcast, self.max_model_len, self.budget, self.answers, self.images
+        )
 
     def dispatch(self, method: str, path: str, query: str, body: bytes) -> dict | OnEngine:
         """The answer to a request (a RequestError for a refused one), or the engine work that makes it."""
@@ -143,6 +151,7 @@ class OpenAIApp:
         }
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
+        card["images"] = self.images.available  # grpokit's: prompts with images are sampled (RemoteEngine asks)
         return card
 
     def models(self, _: dict) -> dict:
@@ -183,11 +192,17 @@ class OpenAIApp:
         self.budget.check_prompts(prompts, self.vocab_size)
         self.check_max_tokens(params.max_tokens)
         self.check_stop_token_ids(params.stop_token_ids)
+        vision = None
+        if request.vision is not None:  # grpokit's: token-id prompts' image inputs (RemoteEngine)
+            self.images.check_request(params, "vision")
+            if any(isinstance(p, str) for p in prompts):
+                raise RequestError("vision takes token-id prompts (with the image placeholders)", "prompt")
+            vision = self.images.inputs(request.vision)
 
         def work(call: EngineCall) -> dict | None:
             ids = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]  # as vLLM: specials added
             stream = self.sampler.stream_of(CompletionStream, call, ids, params, usage)
-            groups = self.sampler.sample(ids, params, "prompt", call, stream)
+            groups = self.sampler.sample(ids, params, "prompt", call, stream, vision)
             if stream is not None:
                 return stream.finish(groups)
             choices = []
@@ -215,11 +230,18 @@ class OpenAIApp:
         self.budget.check_messages(messages)
         self.check_max_tokens(params.max_tokens)
         self.check_stop_token_ids(params.stop_token_ids)
+        images = has_images(messages)
+        if images:
+            self.images.check_request(params, "messages")
 
         def work(call: EngineCall) -> dict | None:
-            prompt = self.sampler.render(messages, template_kwargs)
+            vision = None
+            if images:  # rendered by the model's processor (grpokit.inference.server.images)
+                prompt, vision = self.images.render(messages, template_kwargs)
+            else:
+                prompt = self.sampler.render(messages, template_kwargs)
             stream = self.sampler.stream_of(ChatStream, call, [prompt], params, usage)
-            group = self.sampler.sample([prompt], params, "messages", call, stream)[0]
+            group = self.sampler.sample([prompt], params, "messages", call, stream, vision)[0]
             if stream is not None:
                 return stream.finish([group])
             choices = []

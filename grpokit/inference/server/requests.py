@@ -39,6 +39,7 @@ from grpokit.inference.server.fields import (
 )
 from grpokit.inference.server.limits import ServerLimits
 
+IMAGE_PART = '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}'
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 KWARGS = "chat_template_kwargs"
 # apply_chat_template's own parameters: the server sets them (or they change what it returns), so a
@@ -86,6 +87,9 @@ class CompletionFields(Body):
         AfterValidator(one_or_many),
     ] = Field(None, validate_default=True)
     logprobs: Annotated[int, within_top_logprobs()] | None = None  # the top k logprobs of each token
+    # grpokit's: the image inputs of token-id prompts (grpokit.vision.inputs.to_base64), one set for every
+    # prompt of the request (RemoteEngine: a group's prompt, or its continuations); read by ServedImages
+    vision: str | None = None
 
 
 class CompletionRequest(StreamFields, SamplingFields, CompletionFields):
@@ -103,15 +107,38 @@ class TextPart(TypedDict):  # strict, as the model that reads it
     text: str
 
 
-def joined(parts: list[TextPart]) -> str:
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[str]
+
+
+class ImageUrlPart(TypedDict):  # OpenAI's image part; the server reads only data: URLs (ServedImages)
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class ImagePart(TypedDict):  # Hugging Face's and verifiers' image part
+    type: Literal["image"]
+    image: NotRequired[str]
+    url: NotRequired[str]
+
+
+def joined(parts: list[TextPart | ImageUrlPart | ImagePart]) -> str | list[dict]:
+    """Text parts joined, as vLLM does for text models; content with an image part keeps its parts (for
+    the processor: grpokit.inference.server.images)."""
+    if any(p["type"] != "text" for p in parts):
+        return [dict(p) for p in parts]
     return "\n".join(p["text"] for p in parts)
 
 
+Part = Annotated[TextPart | ImageUrlPart | ImagePart, Field(discriminator="type")]
+
+
 class Message(TypedDict):
-    """A chat message: a string role and text content (text parts joined, as vLLM does for text models)."""
+    """A chat message: a string role and text content (text parts joined), or text and image parts."""
 
     role: str
-    content: NotRequired[str | Annotated[list[TextPart], Field(fail_fast=True), AfterValidator(joined)] | None]
+    content: NotRequired[str | Annotated[list[Part], Field(fail_fast=True), AfterValidator(joined)] | None]
 
 
 def chat_messages(messages: Any, handler: Callable[[Any], list[Message]]) -> list[dict]:
@@ -125,8 +152,10 @@ def chat_messages(messages: Any, handler: Callable[[Any], list[Message]]) -> lis
         if where[:1] != ["content"]:
             raise refused(f"messages[{i}] must be an object with a string role") from None
         if isinstance(messages[i]["content"], list):
-            raise refused(f"messages[{i}].content: only text parts are supported") from None
-        raise refused(f"messages[{i}].content must be a string or an array of text parts") from None
+            raise refused(
+                f"messages[{i}].content: only text parts and image parts ({IMAGE_PART}) are supported"
+            ) from None
+        raise refused(f"messages[{i}].content must be a string or an array of text and image parts") from None
     return [{**sent, "content": message.get("content")} for sent, message in zip(messages, checked)]
 
 
@@ -311,9 +340,20 @@ class PromptBudget:
 
     def check_messages(self, messages: list[dict]) -> None:
         """Chat messages: no more than the token limit (each renders to at least one token), and their
-        text (every field's) within `max_chars` (the template only adds to it)."""
+        text (every field's, an image part's data not counted) within `max_chars` (the template only adds
+        to it). A prompt with images is checked again once the processor has made its ids."""
         self.check_tokens(len(messages), "messages")
-        self.check_text(sum(len(str(v)) for m in messages for v in m.values() if v is not None), "messages")
+        chars = sum(
+            text_chars(v) if k == "content" else len(str(v)) for m in messages for k, v in m.items() if v is not None
+        )
+        self.check_text(chars, "messages")
+
+
+def text_chars(content: Any) -> int:
+    """Characters of a message's content as text; of a list of content parts, their text parts' only."""
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) if isinstance(p, dict) else len(str(p)) for p in content)
+    return len(str(content))
 
 
 def check_rows(prompts: int, n: int, max_rows: int) -> None:

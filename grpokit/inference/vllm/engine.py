@@ -62,6 +62,8 @@ class VLLMEngine(RemoteEngine):
     applies_norm_weights = False  # LoRA hot reload carries adapter weights only
     checks_probe = True  # its tensors cannot be shown: each loaded step is checked by the weight probe
     pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
+    samples_images = False  # not yet: vLLM takes images as multi_modal_data (docs/vision.md, "What remains")
+    takes_vision = False
 
     def __init__(
         self,
@@ -216,8 +218,10 @@ class VLLMEngine(RemoteEngine):
         for path in due:
             shutil.rmtree(path, ignore_errors=True)
 
-    def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int) -> dict:
+    def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int, vision=None) -> dict:
         """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`)."""
+        if vision:
+            raise ValueError("VLLMEngine does not sample prompts with images yet (docs/vision.md)")
         with self._lock:
             body = super()._body(prompt_ids, n, sampling, index)
             self._users[body["model"]] += 1
