@@ -12,7 +12,9 @@ else 0.0.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
 height in pixels), question ("colour", "shape", "position", "count"; "mixed": colour or shape at random;
-"all": any of the four at random).
+"all": any of the four at random), tries (above 1: a multi-turn game, a wrong answer is told "No, look
+again." and asked again, up to `tries` answers; the reward is the last answer's, each turn's reward 1.0
+when right).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Literal
 import verifiers.v1 as vf
 from PIL import Image, ImageDraw
 
+from grpokit.environments import EnvTurn
 from grpokit.vision.images import to_data_url
 
 COLOURS = {
@@ -115,11 +118,24 @@ class ShapesTask(vf.Task[ShapesData]):
         return float(first_word(trace.last_reply or "") == self.data.answer)
 
 
+class ShapesRetryTask(ShapesTask):
+    """The same question, with up to `max_turns` answers: a wrong one is told so, and the picture stays
+    in the conversation (its first message)."""
+
+    max_turns = 2
+
+    def respond(self, messages: list[dict], state: dict) -> EnvTurn:
+        if first_word(messages[-1]["content"] or "") == self.data.answer:
+            return EnvTurn(done=True, reward=1.0)
+        return EnvTurn([{"role": "user", "content": "No, look again."}], reward=0.0)
+
+
 class ShapesConfig(vf.TasksetConfig):
     num_tasks: int = 1000
     seed: int = 0
     size: int = 56
     question: Literal["colour", "shape", "position", "count", "mixed", "all"] = "colour"
+    tries: int = 1
 
 
 class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
@@ -149,7 +165,12 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
                 colour=colour,
                 id=f"shapes-{i}",
             )
-            yield ShapesTask(data, config.task)
+            if config.tries <= 1:
+                yield ShapesTask(data, config.task)
+                continue
+            task = ShapesRetryTask(data, config.task)
+            task.max_turns = config.tries
+            yield task
 
 
 __all__ = ["ShapesTaskset"]

@@ -49,6 +49,7 @@ from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_ca
 from grpokit.environments.toolsets import SETUP_TIMEOUT
 from grpokit.environments.workers import POOL
 from grpokit.inference import Completion
+from grpokit.vision.messages import is_image_part
 
 log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0
@@ -216,6 +217,7 @@ def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
             raise TypeError(
                 f"environment {conv.env.name!r} example {conv.example.index}: respond() returned the message "
                 f"{m!r:.200}; a message is a dict with str 'role' and 'content'"
+                + (" (images go in the first prompt only, for now: docs/vision.md)" if _has_image(m) else "")
             )
     if not turn.done and not turn.messages:
         raise ValueError(
@@ -337,3 +339,9 @@ def masked_if_nonfinite(
         len(logprobs),
     )
     return [0.0] * len(logprobs), [0] * len(logprobs), {**metrics, NONFINITE_LOGPROBS: 1.0}
+
+
+def _has_image(message) -> bool:
+    """Whether a message an environment returned holds an image part (not rendered in later turns yet)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(isinstance(p, dict) and is_image_part(p) for p in content)

@@ -69,7 +69,10 @@ class _Conversations:
 
     def rollouts(self, tokenizer) -> list[Rollout]:
         close_toolsets(self.convs)
-        return conversation_rollouts([self.convs], self.pending.group_id, tokenizer)[0]
+        rollouts = conversation_rollouts([self.convs], self.pending.group_id, tokenizer)[0]
+        for rollout in rollouts:  # a prompt with images: every turn was sampled, and is scored, with them
+            rollout.vision = self.pending.vision
+        return rollouts
 
 
 @dataclass
@@ -223,7 +226,8 @@ class GroupPlay:
         samples each turn of a block with its own seed; an incremental one uses it only when idle)."""
         seed = state.pending.seed
         seed = None if seed is None else seed * SEED_STRIDE + conv.turns
-        self.stream.submit(GroupRequest(_Turn(state, conv), conv.prompt_ids + conv.ids, 1, seed))
+        ids = conv.prompt_ids + conv.ids
+        self.stream.submit(GroupRequest(_Turn(state, conv), ids, 1, seed, vision=state.pending.vision))
 
     def _turn_args(self) -> tuple:
         return self.tokenizer, self.chat, self.budget, self.max_tokens, self.max_turns

@@ -9,8 +9,9 @@ GroupRequest -> Rollout.vision). Prompts without images keep the tokenizer's cha
 (grpokit.orchestrator.prompt_length.prompt_token_ids), unchanged.
 
 Checked at the start, not mid-run (`ImagePrompts.for_envs`): an environment with images given a text-only
-model or an engine that cannot sample images (all but BuiltinEngine's plain path and RemoteEngine in front
-of `grpokit infer`, for now), a multi-turn or Env-episode environment with images, or images in data.eval's
+model or an engine that cannot sample images (all but BuiltinEngine's plain path, RemoteEngine in front
+of `grpokit infer` and VLLMEngine, for now),
+a multi-turn or Env-episode environment with images, or images in data.eval's
 environments is refused with the fix. A prompt whose image cannot be used (missing, unreadable, over
 data.pixel_budget with `over_budget: refuse`: ImageError) is skipped and logged with its environment and
 example, and recorded as `bad_image` in prompts.jsonl (grpokit.orchestrator.accounting), never a crash mid-run.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import logging
 
-from grpokit.environments.conversation import is_multi_turn
 from grpokit.environments.environment import Environment, Example
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.vision.images import ImageError, PixelBudget
@@ -58,14 +58,14 @@ class ImagePrompts:
         if not with_images:
             return None
         for env, ex in with_images:
-            check_single_turn(env, ex)
+            check_no_episodes(env, ex)
         env, ex = with_images[0]
         check_vision_model(tokenizer.name_or_path, f"environment {env.name!r} (example {ex.index})")
         if engine is not None and not getattr(engine, "samples_images", False):
             raise ValueError(
                 f"environment {with_images[0][0].name!r} has prompts with images, which {type(engine).__name__} "
-                "cannot sample yet (fast path, vLLM): use inference BuiltinEngine with fast: off, or RemoteEngine in "
-                "front of `grpokit infer` (docs/vision.md)"
+                "cannot sample yet (fast path): use inference BuiltinEngine with fast: off, RemoteEngine in front of "
+                "`grpokit infer`, or VLLMEngine (docs/vision.md)"
             )
         return cls(tokenizer, budget)
 
@@ -76,7 +76,7 @@ class ImagePrompts:
         label = f"environment {env.name!r} example {example.index}"
         messages, images = prompt_images(example.messages, self.budget, label)
         try:
-            rendered = render_prompt(self.processor, messages, images)
+            rendered = render_prompt(self.processor, messages, images, keep_source=True)  # vLLM: ImageSource
         except (ValueError, OSError) as e:  # the processor refusing an image (too small, odd mode)
             raise ImageError(f"the processor cannot take its images: {e}", label) from e
         return rendered.prompt_ids, rendered.vision
@@ -98,10 +98,13 @@ class ImagePrompts:
         return usable, ids, vision
 
 
-def check_single_turn(env: Environment, example: Example) -> None:
-    """Images only in single-turn prompts for now: a conversation's later turns re-tokenise the chat."""
-    if getattr(env, "episode_env", None) is not None or is_multi_turn(example.task, getattr(example, "toolsets", None)):
+def check_no_episodes(env: Environment, example: Example) -> None:
+    """Images in a conversation's first prompt (single-turn, Task.respond and tool conversations: the later
+    turns are text, appended to the rendered prompt), not in a verifiers Env episode, whose turns are
+    rendered by the episode itself."""
+    if getattr(env, "episode_env", None) is not None:
         raise ValueError(
-            f"environment {env.name!r} has prompts with images (example {example.index}) and several turns: "
-            "grpokit trains single-turn image prompts only, for now (docs/vision.md)"
+            f"environment {env.name!r} has prompts with images (example {example.index}) in a verifiers Env "
+            "episode, which grpokit does not render with images yet: use a Taskset whose task responds "
+            "(docs/vision.md)"
         )

@@ -10,6 +10,10 @@ safetensors files: `to_tensors` gives tensors plus a header of strings (safetens
 `from_tensors` reads them back; there is nothing else to serialise. Over HTTP (RemoteEngine to
 `grpokit infer`) the same safetensors bytes travel base64-encoded in a JSON field (`to_base64`,
 `from_base64`): still no pickle, and the server gets bit for bit the tensors the trainer scores.
+vLLM takes no such tensors: it runs its own processor on the pictures. So a rendered prompt's
+VisionInputs also keeps, in this process only, its `source` (ImageSource: the pictures and the ids before
+the processor expanded their placeholders) for grpokit.inference.vllm.images, which sends those and
+checks that vLLM's expansion gives exactly the prompt ids grpokit samples and trains on.
 """
 
 from __future__ import annotations
@@ -18,11 +22,28 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 FORMAT = "grpokit.VisionInputs"
 VERSION = 1
+
+
+@dataclass
+class ImageSource:
+    """What a server that renders pictures itself (vLLM) needs to make a prompt's image inputs again.
+
+    Args:
+        images: the pictures the processor was given, in prompt order (PIL images, within the pixel budget).
+        template_ids: the prompt's ids before the processor expanded each image's placeholder (the chat
+            template's text tokenized as it is).
+        prompt_ids: the expanded ids (what the engine samples from and the trainer scores).
+    """
+
+    images: list[Any]
+    template_ids: list[int]
+    prompt_ids: list[int]
 
 
 @dataclass
@@ -33,10 +54,13 @@ class VisionInputs:
         tensors: model keyword -> tensor, as the processor made it (e.g. pixel_values, image_grid_thw).
         image_dims: model keyword -> the dimension that counts images (or tiles, or patches), along
             which `concat` joins several sequences' tensors.
+        source: the pictures and unexpanded ids they were made from (a rendered prompt's, in the
+            orchestrator's process; never serialised: None after to_tensors/from_tensors).
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     image_dims: dict[str, int] = field(default_factory=dict)
+    source: ImageSource | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if set(self.tensors) != set(self.image_dims):

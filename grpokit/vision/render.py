@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from grpokit.vision.inputs import VisionInputs
+from grpokit.vision.inputs import ImageSource, VisionInputs
 
 # Per-token outputs of a processor call, not image inputs: the ids carry them (grpokit.vision.positions
 # derives mm_token_type_ids from the ids, since a packed row's must be the concatenation of its sequences').
@@ -31,15 +31,25 @@ class RenderedPrompt:
 
 
 def render_prompt(
-    processor, messages: list[dict], images: list[Image.Image], add_generation_prompt: bool = True
+    processor,
+    messages: list[dict],
+    images: list[Image.Image],
+    add_generation_prompt: bool = True,
+    keep_source: bool = False,
 ) -> RenderedPrompt:
     """Render `messages` (processor-shaped: grpokit.vision.messages.split_images) with `images`, in order,
-    ending with the assistant header (add_generation_prompt; without it, a whole chat for SFT)."""
+    ending with the assistant header (add_generation_prompt; without it, a whole chat for SFT).
+    `keep_source`: the VisionInputs keeps the pictures and the ids before expansion (ImageSource), for an
+    engine that renders the pictures itself (vLLM)."""
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
     ids = encoded["input_ids"][0].tolist()
     tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
-    return RenderedPrompt(ids, VisionInputs(tensors, image_dims(tensors)))
+    vision = VisionInputs(tensors, image_dims(tensors))
+    if keep_source:
+        template_ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        vision.source = ImageSource(list(images), list(template_ids), ids)
+    return RenderedPrompt(ids, vision)
 
 
 def image_dims(tensors: dict) -> dict[str, int]:

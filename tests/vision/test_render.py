@@ -42,3 +42,20 @@ def test_hand_counted_placeholders_of_one_56_pixel_image(vl_family):
     assert rendered.prompt_ids.count(model.config.image_token_id) == (4 if family == "qwen2_5_vl" else 20)
     if family == "qwen2_5_vl":
         assert rendered.vision.tensors["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_keep_source_holds_the_pictures_and_the_ids_before_expansion(vl_family):
+    """What VLLMEngine sends vLLM (grpokit.inference.vllm.images): the pictures, and the ids with one
+    placeholder per picture, the rest as the expanded ids; never serialised with the tensors."""
+    from grpokit.vision.inputs import VisionInputs
+
+    _, _, processor, model = vl_family
+    content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "What is shown?"}]
+    images = [striped(56, 56, seed=1), striped(70, 42, seed=2)]
+    rendered = render_prompt(processor, [{"role": "user", "content": content}], images, keep_source=True)
+    source, image = rendered.vision.source, model.config.image_token_id
+    assert source.images == images and source.prompt_ids == rendered.prompt_ids
+    assert source.template_ids.count(image) == 2 < rendered.prompt_ids.count(image)
+    assert source.template_ids[-4:] == rendered.prompt_ids[-4:] and source.template_ids[:2] == rendered.prompt_ids[:2]
+    assert render_prompt(processor, [{"role": "user", "content": content}], images).vision.source is None
+    assert VisionInputs.from_tensors(*rendered.vision.to_tensors()).source is None

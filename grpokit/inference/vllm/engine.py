@@ -33,6 +33,11 @@ only (vLLM 0.32's LoRA loader rejects modules outside the target modules and tak
 module, a classification head), so the noisy RMSNorm weights cannot ride in the adapter. vLLM 0.32's
 weight-transfer endpoints (`/init_weight_transfer_engine`, `/update_weights`) could set them by name;
 that is not wired yet.
+
+Prompts with images go to vLLM's token-in route `/inference/v1/generate` (served with --enable-scale-out)
+as their ids before expansion plus the pictures; vLLM's prompt ids are checked against grpokit's on every
+request (grpokit.inference.vllm.images). A streamed image request is sent whole, so an update never cuts
+it (it finishes on the adapter it was sent with), as on `grpokit infer`.
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ from pathlib import Path
 
 from grpokit.common.weight_probe import check_probe
 from grpokit.inference import SamplingSettings
+from grpokit.inference.interrupting import Segment
 from grpokit.inference.remote import RemoteEngine, RemoteError
+from grpokit.inference.vllm.images import GENERATE, completions_answer, generate_requests, route_error
 from grpokit.inference.vllm.server import VLLMServe
 from grpokit.types import WeightUpdate
 
@@ -62,8 +69,7 @@ class VLLMEngine(RemoteEngine):
     applies_norm_weights = False  # LoRA hot reload carries adapter weights only
     checks_probe = True  # its tensors cannot be shown: each loaded step is checked by the weight probe
     pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
-    samples_images = False  # not yet: vLLM takes images as multi_modal_data (docs/vision.md, "What remains")
-    takes_vision = False
+    takes_vision = True  # generate(vision=) and the streams send a group's pictures (grpokit.inference.vllm.images)
 
     def __init__(
         self,
@@ -101,6 +107,7 @@ class VLLMEngine(RemoteEngine):
         self._probe_before: list[float] | None = None  # the trainer's probe of the step loaded before
         self.probe_error: float | None = None  # the last loaded step's (grpokit.common.weight_probe)
         self._unprobed: set[str] = set()  # servers that answer no prompt_logprobs (named once)
+        self._placeholders: set[int] | None = None  # the model's image placeholder ids, read at the first image
 
     def load_weights(self, update: WeightUpdate) -> None:
         if update.lora_config is None and update.in_engine:  # VLLMNCCLBroadcast loaded them into the worker
@@ -218,19 +225,44 @@ class VLLMEngine(RemoteEngine):
         for path in due:
             shutil.rmtree(path, ignore_errors=True)
 
+    @property
+    def samples_images(self) -> bool:
+        """Whether every server serves vLLM's token-in route, where prompts with images go; a ValueError
+        names one that does not. A server not up yet is asked again before its first prompt with images."""
+        try:
+            for url in self.base_urls:
+                self._check_images(url)
+        except ConnectionError as e:
+            log.warning("VLLMEngine: %s; it is asked again before its first prompt with images", e)
+        return True
+
+    def _check_images(self, url: str) -> None:
+        """Once per server: an empty request to /inference/v1/generate, which a server with the route refuses
+        as invalid (400/422) and one without it answers 403 (no --enable-scale-out) or 404."""
+        if url in self._image_servers:
+            return
+        try:
+            self._call(url.removesuffix("/v1"), GENERATE, {})
+        except RemoteError as e:
+            if (why := route_error(url, e.code, str(e))) is not None:
+                raise ValueError(why) from None
+        self._image_servers.add(url)
+
     def _body(self, prompt_ids: list[int], n: int, sampling: SamplingSettings, index: int, vision=None) -> dict:
-        """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`)."""
-        if vision:
-            raise ValueError("VLLMEngine does not sample prompts with images yet (docs/vision.md)")
+        """RemoteEngine's request body, its adapter counted as in use until the answer (`_post`); a prompt
+        with images keeps its VisionInputs under GENERATE, which sends it to the token-in route."""
         with self._lock:
             body = super()._body(prompt_ids, n, sampling, index)
             self._users[body["model"]] += 1
+        if vision:
+            body[GENERATE] = vision
         return body
 
     def _post(self, url_body: tuple[str, dict]) -> dict:
-        name = url_body[1]["model"]
+        url, body = url_body
+        name = body["model"]
         try:
-            answer = super()._post(url_body)
+            answer = self._post_images(url, body) if GENERATE in body else super()._post(url_body)
         finally:
             self._release(name)
         if "weight_step" not in answer:  # vLLM echoes the adapter name in `model`
@@ -242,12 +274,33 @@ class VLLMEngine(RemoteEngine):
         read from the adapter name vLLM echoes."""
         name = body["model"]
         try:
-            segment = super().stream_completion(url, body, interrupted)
+            if GENERATE in body:  # sent whole: an update does not cut it
+                segment = Segment()
+                segment.add(self._post_images(url, body), url)
+                segment.weight_step = self.segment_step(segment)
+            else:
+                segment = super().stream_completion(url, body, interrupted)
         finally:
             self._release(name)
         if segment.model is None:
             segment.weight_step = self._step_named(name)
         return segment
+
+    def _post_images(self, url: str, body: dict) -> dict:
+        """A prompt with images through vLLM's token-in route (grpokit.inference.vllm.images), answered as
+        a completions answer whose prompt ids were checked to be grpokit's."""
+        self._check_images(url)
+        if self._placeholders is None:
+            from transformers import AutoConfig
+
+            from grpokit.common.models import resolve_model
+            from grpokit.vision.logprobs import image_token_ids
+
+            self._placeholders = image_token_ids(AutoConfig.from_pretrained(resolve_model(self._model)))
+        requests = generate_requests(body, body[GENERATE], self._placeholders)
+        root = url.removesuffix("/v1")
+        answers = [json.loads(self._call(root, GENERATE, request)) for request, _ in requests]
+        return completions_answer(url, answers, [ids for _, ids in requests], self._placeholders)
 
     def segment_step(self, segment) -> int | None:
         """vLLM streams no weight_step: the step of the adapter name its chunks echo in `model`."""

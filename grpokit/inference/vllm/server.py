@@ -10,6 +10,8 @@ which forwards it once; on Linux the child also gets SIGTERM if grpokit dies wit
 Defaults follow the recipe: `--dtype` is model.dtype (the trainer's logprobs are recomputed in it),
 LoRA is on when model.lora is set with `--max-lora-rank` the smallest vLLM accepts >= model.lora.rank,
 and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for the engine's hot reload.
+A vision-language model's server gets `--enable-scale-out`, which serves the token-in route VLLMEngine
+sends prompts with images to (grpokit.inference.vllm.images).
 `gpu_memory_utilization` left unset is vLLM's default for a server with GPUs of its own; with
 `colocate` (the trainer shares the GPUs) it is what grpokit.inference.vllm.memory's estimate of the trainer leaves.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpokit
-from grpokit.common.models import resolve_model
+from grpokit.common.models import model_class, resolve_model
 from grpokit.common.server_process import ServerProcess
 from grpokit.common.waits import check_seconds
 from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_bytes
@@ -244,9 +246,10 @@ def start_vllm(
             "tensor_parallel_size and data_parallel_size to 1, or use FilesystemBroadcast (LoRA hot reload)"
         )
     lora_rank = policy.lora.rank if policy.lora is not None else None
+    path = resolve_model(policy.model_name)
     command = serve_command(
         serve,
-        resolve_model(policy.model_name),
+        path,
         served_name,
         host,
         port,
@@ -255,6 +258,8 @@ def start_vllm(
         utilization,
         worker_extension,
     )
+    if model_class(path).__name__ == "AutoModelForImageTextToText" and "--enable-scale-out" not in command:
+        command.append("--enable-scale-out")  # /inference/v1/generate: VLLMEngine's prompts with images
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
     check_port_free(host, port)
     env = serve_env(serve, lora="--enable-lora" in command, worker_extension=worker_extension)
