@@ -6,6 +6,8 @@
 # Checks, in the default order: the ones not yet run first (each capped; one that its cap no longer
 # fits in GPU_SESSION_SECONDS, default 540, is skipped and named in checks.jsonl, so a second call can
 # run the rest). docs/benchmarks.md records what each settled and when.
+#   vision         issue 36: grpokit fit on image prompts (tiny Qwen2.5-VL and Idefics3, fp32 and bf16, the
+#                  builtin engine's image path): every step's token_mult_prob_error (bench/gpu_check_vision.py)
 #   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
 #   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
 #                  LM head on the trained tokens only (logits_to_keep) saves
@@ -90,6 +92,7 @@ check() {  # check NAME: one check of the list above
     fit_stream) run fit_stream 200 python3 bench/gpu_check_fit.py --out "$WORK/fit_stream" \
       --extra --data.streaming '{max_inflight: 8, on_update: continue}' ;;
     fit_sync) run fit_sync 200 python3 bench/gpu_check_fit.py --sync --out "$WORK/fit_sync" ;;
+    vision) run vision 200 python3 bench/gpu_check_vision.py --out "$WORK/vision" ;;
     step) run step 160 python3 -m grpokit.bench step --model qwen3-0.6b --batch 256 --prompt-len 64 \
       --new-tokens 256 --lora-rank 16 --json "$WORK/step.json" ;;
     train) run train 180 python3 -m grpokit.bench train --model qwen3-0.6b --tokens 8192 --seq-len 320 \
@@ -102,7 +105,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(fit_repro sft grpo fit_stream engine_stream train stream fit_sync fit step)
+[ ${#checks[@]} -gt 0 ] || checks=(vision fit_repro sft grpo fit_stream engine_stream train stream fit_sync fit step)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys

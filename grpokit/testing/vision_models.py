@@ -41,16 +41,16 @@ def _text_config(tokenizer) -> dict:
     }
 
 
-def build_tiny_qwen2_5_vl(path, seed: int = 0):
+def build_tiny_qwen2_5_vl(path, seed: int = 0, tokenizer_name: str = "smollm2-135m"):
     """A random Qwen2.5-VL (3-D rotary positions, patch merger, windowed vision attention) saved to `path`
-    (returned)."""
+    (returned); `tokenizer_name`: SmolLM2's tokenizer (a folder holding it, on a machine without the GGUF)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from grpokit.common.models import load_tokenizer
     from grpokit.vision.render import without_video
 
-    tokenizer = load_tokenizer("smollm2-135m")
+    tokenizer = load_tokenizer(tokenizer_name)
     marks = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": marks})
     image_processor = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)
@@ -78,15 +78,15 @@ def build_tiny_qwen2_5_vl(path, seed: int = 0):
     return _save(Qwen2_5_VLForConditionalGeneration, config, processor, path, seed, "Qwen2_5_VLProcessor")
 
 
-def build_tiny_idefics3(path, seed: int = 0):
+def build_tiny_idefics3(path, seed: int = 0, tokenizer_name: str = "smollm2-135m"):
     """A random Idefics3 (SmolVLM's architecture: a Llama text model, image tiles, pixel shuffle) saved to
-    `path` (returned)."""
+    `path` (returned); `tokenizer_name` as for build_tiny_qwen2_5_vl."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     from grpokit.common.models import load_tokenizer
 
-    tokenizer = load_tokenizer("smollm2-135m")
+    tokenizer = load_tokenizer(tokenizer_name)
     tiles = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
     marks = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *tiles]
     tokenizer.add_special_tokens({"additional_special_tokens": marks})
