@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from grpokit.common.models import unwrap_peft
+from grpokit.common.models import compute_dtype, unwrap_peft
 from grpokit.common.prefix_tree import prefix_tree
 from grpokit.common.varlen import NAME as VARLEN
 from grpokit.types import PrefixTree
@@ -226,8 +226,7 @@ def packed_token_logprobs(
     lm = unwrap_peft(model)
     device = input_ids_T.device
     seq_lens_N = seq_lens_N.to(device)
-    dtype = next(model.parameters()).dtype
-    dtype = dtype if dtype.is_floating_point else torch.float32
+    dtype = compute_dtype(model)
     model_ids, model_positions, row_T = (
         input_ids_T,
         position_ids_T,

@@ -176,6 +176,13 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtypes[name]
 
 
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating dtype a model's inputs (masks, image tensors) take: its first weight's, or float32 when
+    that one is stored quantized (QLoRA's NF4 bytes)."""
+    dtype = next(model.parameters()).dtype
+    return dtype if dtype.is_floating_point else torch.float32
+
+
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
     """The model under a peft wrapper (whose modules carry the injected LoRA layers), or the model itself."""
     return model.get_base_model() if hasattr(model, "peft_config") else model

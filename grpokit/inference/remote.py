@@ -250,14 +250,14 @@ class RemoteEngine(InferenceEngine):
 
     @property
     def samples_images(self) -> bool:
-        """Whether every server takes prompts with images (grpokit's server on a vision-language model); a
-        ValueError names one that does not. A server not reachable yet is asked again before its first
-        request with images."""
+        """Whether every server takes prompts with images (`_check_images`: here grpokit's server on a
+        vision-language model; VLLMEngine's, vLLM's token-in route); a ValueError names one that does not.
+        A server not reachable yet is asked again before its first request with images."""
         try:
             for url in self.base_urls:
                 self._check_images(url)
         except ConnectionError as e:
-            log.warning("RemoteEngine: %s; it is asked again before its first prompt with images", e)
+            log.warning("%s: %s; it is asked again before its first prompt with images", type(self).__name__, e)
         return True
 
     def _check_images(self, url: str) -> None:

@@ -25,7 +25,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from grpokit.common.io import atomic_folder, atomic_save_tensors, atomic_write_json
-from grpokit.common.models import load_causal_lm, parse_dtype
+from grpokit.common.models import compute_dtype, load_causal_lm, parse_dtype
 from grpokit.loss import LossInputs
 from grpokit.trainer.init_from import SFT_MARKER
 from grpokit.trainer.model_setup import uses_varlen
@@ -55,7 +55,7 @@ class SFTPolicy(Policy):
                 lengths = mb.seq_lens_N.tolist()
                 images = {}  # a sequence with images is a micro-batch of its own (SFTData.eval_batch)
                 if mb.vision is not None:
-                    images = mb.vision.model_kwargs(self.device, next(self.lm.parameters()).dtype)
+                    images = mb.vision.model_kwargs(self.device, compute_dtype(self.lm))
                 for ids_T, mask_T in zip(mb.input_ids_T.split(lengths), mb.loss_mask_T.split(lengths)):
                     logits_TV = self.lm(input_ids=ids_T[None], **self._single_sequence(len(ids_T)), **images)
                     logits_TV = logits_TV.logits[0, :-1]

@@ -78,14 +78,13 @@ def vision_modules(lm: torch.nn.Module, settings: VisionTraining) -> list[str]:
     inside its tower); with `projector` alone, the projector's module."""
     if not settings.train:
         return []
-    paths = [n for n, _ in lm.named_modules() if n]
-    in_tower = lambda path: any(p in TOWERS for p in path.split(".")[:-1])  # noqa: E731
-    towers = {n.split(".")[-1] for n in paths if n.split(".")[-1] in TOWERS and not in_tower(n)}
-    projectors = {n.split(".")[-1] for n in paths if n.split(".")[-1] in PROJECTORS}
+    # each module: (its name's last component, whether it sits inside a tower)
+    named = [(n.split(".")[-1], any(p in TOWERS for p in n.split(".")[:-1])) for n, _ in lm.named_modules() if n]
+    towers = {last for last, inside in named if last in TOWERS and not inside}
     if "tower" in settings.train:
-        found = towers | {n.split(".")[-1] for n in paths if n.split(".")[-1] in PROJECTORS and not in_tower(n)}
+        found = towers | {last for last, inside in named if last in PROJECTORS and not inside}
     else:
-        found = projectors
+        found = {last for last, _ in named if last in PROJECTORS}
     if not found or ("tower" in settings.train and not towers):
         raise ValueError(
             f"model.vision.train {settings.train}: the model has no module named as a tower {list(TOWERS)} or "

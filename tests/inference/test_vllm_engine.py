@@ -19,49 +19,39 @@ from grpokit.inference.streams import GroupRequest
 from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.types import WeightUpdate
 from tests.support import drain, wait_until
+from tests.support.servers import JsonStub, stub_server
 
 
-class StubVLLM(BaseHTTPRequestHandler):
+class StubVLLM(JsonStub):
     """Answers like vLLM 0.32: plain-text adapter routes, completions that echo the adapter name and carry no
     weight_step."""
 
     calls: list[tuple[str, dict]] = []
     hold: dict[str, threading.Event] = {}  # completions for these adapter names wait until set
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.calls.append((self.path, body))
-        if self.path.endswith("/completions"):
-            if (gate := self.hold.get(body["model"])) is not None:
-                assert gate.wait(timeout=30)
-            choices = [
-                {
-                    "index": i,
-                    "token_ids": [5, 6],
-                    "logprobs": {"token_logprobs": [-1.0, -2.0]},
-                    "finish_reason": "length",
-                }
-                for i in range(body["n"])
-            ]
-            payload = json.dumps({"model": body["model"], "choices": choices}).encode()
-        else:
-            payload = b"Success"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+    def answer(self, path: str, body: dict) -> tuple[int, bytes]:
+        self.calls.append((path, body))
+        if not path.endswith("/completions"):
+            return 200, b"Success"
+        if (gate := self.hold.get(body["model"])) is not None:
+            assert gate.wait(timeout=30)
+        choices = [
+            {
+                "index": i,
+                "token_ids": [5, 6],
+                "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                "finish_reason": "length",
+            }
+            for i in range(body["n"])
+        ]
+        return 200, json.dumps({"model": body["model"], "choices": choices}).encode()
 
 
 @pytest.fixture
 def stub_url():
     StubVLLM.calls, StubVLLM.hold = [], {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubVLLM)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+    with stub_server(StubVLLM) as url:
+        yield url
 
 
 def adapter_update(tmp_path, step: int) -> WeightUpdate:

@@ -3,8 +3,6 @@ what is sent (the ids before expansion, the pictures as PNG data URLs, the place
 check of vLLM's prompt ids, and the refusals at start. The real server: tests/integration/test_vllm_images.py."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -13,20 +11,20 @@ from PIL import Image
 from grpokit.inference import SamplingSettings
 from grpokit.inference.vllm.engine import VLLMEngine
 from grpokit.vision.inputs import ImageSource, VisionInputs
+from tests.support.servers import JsonStub, stub_server
 
 PLACEHOLDER = 99  # the stub model's image token: vLLM expands one into three
 
 
-class StubGenerate(BaseHTTPRequestHandler):
+class StubGenerate(JsonStub):
     """vLLM's generate route: each placeholder expanded (or `expand` times), choices ending as `tails` say."""
 
     calls: list[dict] = []
     status = 200
     expand = 3
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        StubGenerate.calls.append({"path": self.path, **body})
+    def answer(self, path: str, body: dict) -> tuple[int, bytes]:
+        StubGenerate.calls.append({"path": path, **body})
         code, answer = StubGenerate.status, {"error": {"message": "refused"}}
         if code == 200 and not body:
             code = 400  # an empty request: the route is there
@@ -38,27 +36,18 @@ class StubGenerate(BaseHTTPRequestHandler):
             for c in choices:
                 c["logprobs"] = {"content": [{"token_id": t, "logprob": -1.0} for t in c["token_ids"]]}
             answer = {"model": body["model"], "prompt_token_ids": ids, "choices": choices}
-        payload = json.dumps(answer).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+        return code, json.dumps(answer).encode()
 
 
 @pytest.fixture
 def engine():
     StubGenerate.calls, StubGenerate.status, StubGenerate.expand = [], 200, 3
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubGenerate)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    engine = VLLMEngine(base_url=f"http://127.0.0.1:{server.server_port}/v1", model_name="base", max_retries=0)
-    engine.setup("unused")
-    engine.vocab_size = 1000  # no tokenizer to read it from
-    engine._placeholders = {PLACEHOLDER}  # else read from the model folder's config
-    yield engine
-    server.shutdown()
+    with stub_server(StubGenerate) as url:
+        engine = VLLMEngine(base_url=url, model_name="base", max_retries=0)
+        engine.setup("unused")
+        engine.vocab_size = 1000  # no tokenizer to read it from
+        engine._placeholders = {PLACEHOLDER}  # else read from the model folder's config
+        yield engine
 
 
 def image_prompt() -> tuple[list[int], VisionInputs]:

@@ -21,7 +21,7 @@ import pytest
 
 from grpokit.testing import build_tiny_idefics3, build_tiny_qwen2_5_vl, free_port, tiny_fit_argv
 from tests.integration.test_vllm_cpu import SERVED, START_TIMEOUT, VLLM_PYTHON, vllm_serve_args, wait_for_models
-from tests.support import read_metrics
+from tests.support import drain, read_metrics
 
 BUILDERS = {"idefics3": build_tiny_idefics3, "qwen2_5_vl": build_tiny_qwen2_5_vl}
 
@@ -102,9 +102,7 @@ def test_vllm_samples_image_prompts_token_faithfully(vl_model, tmp_path):
         stream = engine.open_stream(sampling, max_rows=8)  # InterruptingStream: an image request is sent whole
         assert stream.takes_images
         stream.submit(GroupRequest("g", rendered.prompt_ids, 3, 7, vision=rendered.vision))
-        finished = []
-        while not finished:
-            finished = stream.advance()
+        streamed = drain(stream)["g"]
         stream.close()
         rows = [rendered.prompt_ids, rendered.prompt_ids + image_group[0].token_ids[:2]]  # a cut group's rows
         continued = engine._post((url, engine._body(rows, 1, sampling, 0, rendered.vision)))
@@ -116,7 +114,7 @@ def test_vllm_samples_image_prompts_token_faithfully(vl_model, tmp_path):
         rendered.vision.source = source
     errors = {
         name: trainer_error(model, rendered.prompt_ids, rendered.vision, completions, 1.0)
-        for name, completions in (("whole", image_group), ("streamed", finished[0].completions), ("blind", blind))
+        for name, completions in (("whole", image_group), ("streamed", streamed), ("blind", blind))
     }
     print(f"\n{family}: vLLM token_mult_prob_error {errors}")
     assert abs(errors["whole"] - 1) < 1e-4 and abs(errors["streamed"] - 1) < 1e-4

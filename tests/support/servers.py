@@ -1,4 +1,5 @@
-"""Servers for client tests: a scripted misbehaving peer, and the builtin engine behind grpokit's server."""
+"""Servers for client tests: a scripted misbehaving peer, a stub peer answering by request, and the builtin
+engine behind grpokit's server."""
 
 from __future__ import annotations
 
@@ -81,6 +82,39 @@ class ScriptedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class JsonStub:
+    """A stub peer's POST handler: a subclass's `answer(path, body)` (body: the request's JSON) returns
+    (status, payload bytes); nothing is logged. `stub_server` serves it."""
+
+    def answer(self, path: str, body: dict) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+
+@contextlib.contextmanager
+def stub_server(stub: type[JsonStub]):
+    """`stub` (a JsonStub subclass) on a free loopback port; yields the base URL (`http://127.0.0.1:P/v1`)."""
+    import http.server
+    import threading
+
+    class Handler(stub, http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            code, payload = self.answer(self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.shutdown()
 
 
 @contextlib.contextmanager

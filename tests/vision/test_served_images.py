@@ -24,6 +24,7 @@ from grpokit.types import Rollout
 from grpokit.vision.images import to_data_url
 from grpokit.vision.inputs import VisionInputs, to_base64
 from grpokit.vision.render import render_prompt
+from tests.support import drain
 from tests.support.servers import serving
 from tests.vision.pictures import striped
 
@@ -143,11 +144,8 @@ def test_remote_engine_sends_an_image_groups_inputs_and_gets_the_engines_sample(
         stream = remote.open_stream(sampling, max_rows=8)  # InterruptingStream: streamed requests
         assert stream.takes_images
         stream.submit(GroupRequest("g", rendered.prompt_ids, 3, 7, vision=rendered.vision))
-        finished = []
-        while not finished:
-            finished = stream.advance()
+        streamed = drain(stream)["g"]
         stream.close()
-        streamed = finished[0].completions
         bad = post(
             server.url, "/completions", {"model": "tiny", "prompt": text_ids, "vision": to_base64(rendered.vision)}
         )

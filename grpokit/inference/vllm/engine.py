@@ -225,20 +225,10 @@ class VLLMEngine(RemoteEngine):
         for path in due:
             shutil.rmtree(path, ignore_errors=True)
 
-    @property
-    def samples_images(self) -> bool:
-        """Whether every server serves vLLM's token-in route, where prompts with images go; a ValueError
-        names one that does not. A server not up yet is asked again before its first prompt with images."""
-        try:
-            for url in self.base_urls:
-                self._check_images(url)
-        except ConnectionError as e:
-            log.warning("VLLMEngine: %s; it is asked again before its first prompt with images", e)
-        return True
-
     def _check_images(self, url: str) -> None:
-        """Once per server: an empty request to /inference/v1/generate, which a server with the route refuses
-        as invalid (400/422) and one without it answers 403 (no --enable-scale-out) or 404."""
+        """Once per server (RemoteEngine.samples_images asks every server): whether it serves vLLM's token-in
+        route, where prompts with images go. An empty request to /inference/v1/generate, which a server with
+        the route refuses as invalid (400/422) and one without it answers 403 (no --enable-scale-out) or 404."""
         if url in self._image_servers:
             return
         try:
