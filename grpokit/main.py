@@ -28,6 +28,7 @@ from grpokit.cli.sft import make_sft_cli
 from grpokit.common.errors import RunDataError
 from grpokit.evaluate.command import eval_main
 from grpokit.export.command import export_main
+from grpokit.pretrain.command import pretrain_main
 from grpokit.run import Startup
 from grpokit.sweep import commands
 
@@ -47,6 +48,7 @@ USAGE = """usage: grpokit COMMAND [options]   (`grpokit COMMAND --help` for a co
   rollouts     record a run's batches, or train variants on recorded batches
   eval         pass@k, maj@k and mean reward of a run's weights and/or the base model (docs/evaluation.md)
   export       a run's weights as a peft adapter or (--merge) a full Hugging Face model folder (docs/export.md)
+  pretrain-vision  a VLM's vision tower pretrained on an environment's labelled pictures (docs/vision.md)
 """
 SUBCOMMANDS = (
     "fit", "sft", "train", "orchestrate", "infer", "judge", "registry", "recipes", "bench", "sweep", "report",
@@ -159,6 +161,8 @@ def main(argv: list[str] | None = None, startup: Startup | None = None) -> int:
     discover()
     if argv[:1] == ["registry"]:
         return registry_main(argv[1:])
+    if argv[:1] == ["pretrain-vision"]:
+        return pretrain_main(argv[1:])
     if argv[:1] in (["sweep"], ["report"], ["rollouts"]):
         return {"sweep": commands.sweep_main, "report": commands.report_main, "rollouts": commands.rollouts_main}[
             argv[0]

@@ -116,7 +116,7 @@ LAYERS = (
     ("roles", {"trainer", "orchestrator", "environments", "inference", "transport", "broadcast", "sft", "judges"}),
     ("environment plug-ins", {"envs"}),
     ("the recipe CLI", {"cli", "run"}),
-    ("tools on the CLI", {"sweep", "bench", "evaluate", "export"}),
+    ("tools on the CLI", {"sweep", "bench", "evaluate", "export", "pretrain"}),
     ("the program", {"main", "__main__"}),
 )
 LAYER_OF = {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}

@@ -8,7 +8,8 @@ Each prompt is a user message with the picture as an image part (a PNG `data:` U
 `image_url` content part) and the question; grpokit renders it with the model's processor
 (grpokit.orchestrator.image_prompts), so the policy must be a vision-language model (docs/vision.md).
 The reward is rule-based: 1.0 when the reply's first word is the answer (case and punctuation aside),
-else 0.0.
+else 0.0. Each task's data also holds the picture's `labels` (colour, kind, count, and side when the shape
+is wholly in one half), which `grpokit pretrain-vision` learns from.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
 height in pixels), question ("colour", "shape", "position", "count"; "mixed": colour or shape at random;
@@ -106,6 +107,7 @@ class ShapesData(vf.TaskData):
     answer: str
     shape: str
     colour: str
+    labels: dict[str, str]  # what the picture shows (colour, kind, count, side): `grpokit pretrain-vision`'s target
 
 
 class ShapesTask(vf.Task[ShapesData]):
@@ -147,10 +149,13 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
             asks = config.question
             if asks in ("mixed", "all"):
                 asks = rng.choice(sorted(QUESTIONS) if asks == "mixed" else sorted({**QUESTIONS, **MORE_QUESTIONS}))
+            labels = {"colour": colour, "kind": shape, "count": "one"}
             if asks == "position":
                 image, answer = draw_beside(shape, colour, config.size, rng)
+                labels["side"] = answer
             elif asks == "count":
                 image, answer = draw_several(shape, colour, config.size, rng)
+                labels["count"] = answer
             else:
                 image = draw_shape(shape, colour, config.size, rng)
                 answer = colour if asks == "colour" else shape
@@ -163,6 +168,7 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
                 answer=answer,
                 shape=shape,
                 colour=colour,
+                labels=labels,
                 id=f"shapes-{i}",
             )
             if config.tries <= 1:
