@@ -24,6 +24,7 @@ from typing import Any
 
 _PROBE_USER = {"role": "user", "content": "x"}
 _PROBE_REPLY = "y"
+PROBE_CHAT = (_PROBE_USER, {"role": "assistant", "content": _PROBE_REPLY})  # the chat `probe` renders
 
 
 class ChatTokens:
@@ -83,12 +84,22 @@ class ChatTokens:
         """Whether `messages` certainly render to more than `room` tokens, told from their characters
         alone (their text needs at least len / token_chars tokens), so that a turn too long for the budget
         is refused before the chat template and the tokenizer read all of it."""
-        chars = sum(len(m.get("content") or "") for m in messages)
-        return chars > max(room, 0) * self.token_chars
+        return text_chars(messages) > max(room, 0) * self.token_chars
 
     def closing_after(self, completion_ids: list[int]) -> list[int]:
         """The rest of the assistant closing after a completion (the last turn's, before scoring)."""
         return self.closing[_held(completion_ids, self.closing) :]
+
+
+def text_chars(messages: list[dict[str, Any]]) -> int:
+    """The characters of the messages' text: a str content, or a list of parts' text parts (an image's
+    tokens are counted once rendered)."""
+    total = 0
+    for m in messages:
+        content = m.get("content") or ""
+        parts = content if isinstance(content, list) else [{"text": content}]
+        total += sum(len(p.get("text") or "") for p in parts if isinstance(p, dict))
+    return total
 
 
 def _find(seq: list[int], sub: list[int], start: int) -> int:

@@ -9,8 +9,10 @@ members, found by name like `step_rewards` (grpokit.environments.environment):
     respond(messages, state) -> EnvTurn | list[dict] | None: the environment's turn after each reply
         (a simulated user, a game's next observation). `messages` is the chat so far, ending with the
         model's reply; `state` a dict the task may keep anything in for this rollout. None (or an
-        EnvTurn with done=True) ends the rollout. A task with both `tools` and `respond` gets the tool
-        results for a reply with calls, and `respond` for a reply without.
+        EnvTurn with done=True) ends the rollout. A message's content is a str, or a list of text and
+        image parts holding an image (a vision-language policy: grpokit.environments.image_turns). A
+        task with both `tools` and `respond` gets the tool results for a reply with calls, and `respond`
+        for a reply without.
     max_turns: the most assistant turns of a rollout (else data.max_turns).
     tool_timeout: seconds a tool may run (else 10): a finite number > 0, else the run stops naming it.
     respond_timeout: seconds `respond` may run (else 300, as an Env episode's code between two turns):
@@ -28,7 +30,8 @@ are tools like `tools`, called in this process (grpokit.environments.toolsets); 
 their ToolSource, and the rollout's toolsets are set up at its first tool call.
 
 Every assistant turn's tokens are the engine's; every environment token is rendered from the
-environment's messages alone (grpokit.environments.chat_tokens) and has mask 0, logprob 0.
+environment's messages alone (grpokit.environments.chat_tokens; with images, image_turns) and has mask 0,
+logprob 0. Tool results are text (grpokit.environments.tools), so only `respond` brings images.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpokit.common.errors import RunDataError
+from grpokit.environments.chat_tokens import text_chars
 from grpokit.environments.environment import MAX_ABS_REWARD, is_moderate, is_number
 from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_calls
 from grpokit.environments.toolsets import SETUP_TIMEOUT
 from grpokit.environments.workers import POOL
 from grpokit.inference import Completion
-from grpokit.vision.messages import is_image_part
+from grpokit.vision.inputs import with_turn
+from grpokit.vision.messages import has_images
 
 log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0
@@ -95,13 +100,15 @@ class Conversation:
     oversized_turns: int = 0  # environment turns too long to fit the budget (the rollout ended at the first)
     env_time: float = 0.0
     toolsets: Any = None  # the rollout's verifiers toolsets (RolloutToolsets), from its first tool call on
+    vision: Any = None  # the sequence's image inputs (VisionInputs): the first prompt's, then later turns'
+    later_images: int = 0  # images the environment's turns added (grpokit.environments.image_turns)
     done: bool = False
     is_truncated: bool = False
 
     @classmethod
-    def opening(cls, env: Any, example: Any, prompt_ids: list[int]) -> Conversation:
-        """A conversation of `example` before its first reply: its prompt's ids and messages."""
-        return cls(env, example, list(prompt_ids), [dict(m) for m in example.messages])
+    def opening(cls, env: Any, example: Any, prompt_ids: list[int], vision: Any = None) -> Conversation:
+        """A conversation of `example` before its first reply: its prompt's ids, messages and image inputs."""
+        return cls(env, example, list(prompt_ids), [dict(m) for m in example.messages], vision=vision)
 
     @property
     def num_tokens(self) -> int:
@@ -130,8 +137,14 @@ class Conversation:
         self.finish_reasons.append(completion.finish_reason)
         self.messages.append({"role": "assistant", "content": text})
 
-    def add_environment(self, token_ids: list[int], messages: list[dict[str, Any]]) -> None:
-        """Append the environment's turn: its tokens (no loss, no logprobs) and messages."""
+    def add_environment(
+        self, token_ids: list[int], messages: list[dict[str, Any]], vision: Any = None, images: int = 0
+    ) -> None:
+        """Append the environment's turn: its tokens (no loss, no logprobs) and messages; `vision`: the
+        image inputs of its `images` images (VisionInputs), appended to the conversation's."""
+        if vision:
+            self.vision = with_turn(self.vision, vision)
+            self.later_images += images
         self.ids += token_ids
         self.mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
@@ -213,11 +226,11 @@ def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
             f"{type(answer).__name__}; return an EnvTurn, a list of messages, or None to end the rollout"
         )
     for m in turn.messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not _is_content(m.get("content")):
             raise TypeError(
                 f"environment {conv.env.name!r} example {conv.example.index}: respond() returned the message "
-                f"{m!r:.200}; a message is a dict with str 'role' and 'content'"
-                + (" (images go in the first prompt only, for now: docs/vision.md)" if _has_image(m) else "")
+                f"{m!r:.200}; a message is a dict with str 'role' and 'content' a str, or a list of text and "
+                "image parts holding an image (docs/vision.md)"
             )
     if not turn.done and not turn.messages:
         raise ValueError(
@@ -302,7 +315,7 @@ def over_budget(conv: Conversation, chat: Any, messages: list[dict[str, Any]], r
             "(data.seq_len less the conversation so far and data.sampling.max_tokens); the rollout ends there, "
             "truncated, without rendering them (%d such turns of this environment so far, env/%s)",
             _where(conv),
-            sum(len(m.get("content") or "") for m in messages),
+            text_chars(messages),
             max(room, 0),
             count,
             OVERSIZED_TURNS,
@@ -341,7 +354,10 @@ def masked_if_nonfinite(
     return [0.0] * len(logprobs), [0] * len(logprobs), {**metrics, NONFINITE_LOGPROBS: 1.0}
 
 
-def _has_image(message) -> bool:
-    """Whether a message an environment returned holds an image part (not rendered in later turns yet)."""
-    content = message.get("content") if isinstance(message, dict) else None
-    return isinstance(content, list) and any(isinstance(p, dict) and is_image_part(p) for p in content)
+def _is_content(content: Any) -> bool:
+    """A message content the environment's turn can render: a str, or a list of part dicts holding an image
+    (grpokit.environments.image_turns; the processor renders it, so a list of text parts alone is not)."""
+    if isinstance(content, str):
+        return True
+    parts = isinstance(content, list) and all(isinstance(p, dict) for p in content)
+    return parts and has_images([{"content": content}])

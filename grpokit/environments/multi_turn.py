@@ -22,12 +22,16 @@ from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite, over_budget
 from grpokit.environments.finish import masked_if_aborted
 from grpokit.types import Rollout
+from grpokit.vision.messages import has_images, split_images
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
 
 
-def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns) -> None:
-    """Record the model's reply, then the environment's answer, or end the conversation."""
+def take_turn(
+    conv: Conversation, completion, tokenizer, chat: ChatTokens, budget, max_tokens, max_turns, images=None
+) -> None:
+    """Record the model's reply, then the environment's answer, or end the conversation. `images`: the
+    ImageTurns that renders an answer with images (grpokit.environments.image_turns)."""
     conv.add_completion(completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True))
     if completion.finish_reason != "stop":  # a reply cut (max_tokens, an abort) ends the rollout; a game's turn earns 0
         conv.turn_rewards.append(0.0 if callable(getattr(conv.example.task, "respond", None)) else None)
@@ -43,11 +47,27 @@ def take_turn(conv: Conversation, completion, tokenizer, chat: ChatTokens, budge
     if over_budget(conv, chat, answer.messages, room):  # too long to fit, told before rendering it: logged
         conv.done = conv.is_truncated = True
         return
-    env_ids = chat.after_completion(completion.token_ids, answer.messages)
+    env_ids, vision, count = _render(conv, completion.token_ids, answer.messages, chat, images)
     if len(env_ids) > room:  # the next turn might not fit: end at this boundary
         conv.done = conv.is_truncated = True
         return
-    conv.add_environment(env_ids, answer.messages)
+    conv.add_environment(env_ids, answer.messages, vision, count)
+
+
+def _render(conv: Conversation, completion_ids: list[int], messages: list, chat: ChatTokens, images) -> tuple:
+    """(the environment turn's ids, its image inputs or None, its number of images): the tokenizer's
+    template for text, the processor for messages with images."""
+    if not has_images(messages):
+        return chat.after_completion(completion_ids, messages), None, 0
+    where = f"environment {conv.env.name!r} example {conv.example.index}"
+    if images is None:
+        raise ValueError(f"{where}: respond() returned a message with images, which this caller cannot render")
+    return images.render(where, chat, completion_ids, messages, _held(conv))
+
+
+def _held(conv: Conversation) -> int:
+    """Images the conversation holds: its first prompt's and the later turns'."""
+    return len(split_images(conv.example.messages)[1]) + conv.later_images
 
 
 def conversation_rollouts(
@@ -100,6 +120,7 @@ def _rollouts(group: list[Conversation], scores: list, group_id: int, tokenizer)
                 token_steps=conv.token_steps if len(set(conv.token_steps)) > 1 else None,
                 finish_reason=conv.finish_reason,
                 turn_finish_reasons=list(conv.finish_reasons),
+                vision=conv.vision,  # every turn was sampled, and is scored, with the images so far
             )
         )
     return rollouts

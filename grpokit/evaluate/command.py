@@ -151,7 +151,7 @@ def eval_main(argv: list[str], startup: Startup | None = None) -> int:
             "its server loaded; evaluate each in a command of its own"
         )
     tokenizer = start_engine(engine, FilesystemBroadcast(), cli.model, run_dir or cli.run.run_dir, data)
-    turns = TurnLimits(data.settings.max_turns, data.settings.seq_len)  # as the rollout loop's
+    turns = TurnLimits(data.settings.max_turns, data.settings.seq_len, data.settings.pixel_budget)  # as the loop's
     envs = problem_envs(data, tokenizer, options)
     images = ImagePrompts.for_envs(tokenizer, envs, engine=engine, budget=data.settings.pixel_budget)
     evaluator = Evaluator(settings, envs, data.settings.sampling, cli.run.run_dir, turns=turns, images=images)

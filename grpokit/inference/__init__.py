@@ -192,6 +192,10 @@ class InferenceEngine(ABC):
     update from the broadcast themselves (RemoteEngine in front of `grpokit infer`): `load_weights` only
     records the step, and `served_weight_step()` asks the servers which step they hold.
 
+    `later_turn_images`: a conversation whose environment's later turn brought images (its image inputs
+    grown by them, grpokit.environments.image_turns) can be sampled with them (BuiltinEngine's plain path,
+    RemoteEngine in front of `grpokit infer`); others are refused at such a turn, naming the example.
+
     `takes_serving_options`: `generate` also takes `options=ServingOptions(...)` (a server's request:
     tokens as they are decoded, cancellation); `reports_top_logprobs`: it honours options.top_logprobs.
     grpokit's server adapts engines without them (grpokit.inference.server.http: the tokens all at the
@@ -201,6 +205,7 @@ class InferenceEngine(ABC):
     weight_step: int = -1
     applies_norm_weights: bool = False
     servers_load_weights: bool = False
+    later_turn_images: bool = False
     takes_serving_options: bool = False
     reports_top_logprobs: bool = False
 

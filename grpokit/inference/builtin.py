@@ -38,6 +38,7 @@ class BuiltinEngine(InferenceEngine):
 
     applies_norm_weights = True  # QeRL's noisy norms are copied into the base model in place
     takes_serving_options = True  # streaming and cancellation on both paths; top logprobs on the plain one
+    later_turn_images = True  # a request's vision is the whole sequence's (image_rows prefills it whole)
 
     def __init__(
         self,

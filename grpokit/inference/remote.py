@@ -70,6 +70,7 @@ class RemoteEngine(InferenceEngine):
     )
     servers_load_weights = True
     takes_vision = True  # generate(..., vision=) and the streams send a group's image inputs
+    later_turn_images = True  # a request's `vision` is its whole sequence's: a later turn's pictures go too
     run_name: str | None = None  # the run's (grpokit.run.start_engine): a server naming another run is refused
 
     def __init__(

@@ -37,6 +37,7 @@ from grpokit.environments.environment import Environment
 from grpokit.sft.render import ChatRenderer, Rendered
 from grpokit.sft.sources import SFTFields, ShuffledPasses, read_records, record_chats
 from grpokit.types import Rollout
+from grpokit.vision.inputs import prompt_inputs
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def expert_rollouts(
                 policy_step=min(r.policy_step for r in group),
                 completion_text=text,
                 is_expert=True,
-                vision=first.vision,  # an image prompt's inputs: the expert answers the same picture
+                vision=prompt_inputs(first.vision),  # the prompt's images: the expert answers the same pictures
             )
         )
     return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, is_multi_turn
 from grpokit.environments.episodes import Episode, EpisodeLimits, EpisodeTable, Role
+from grpokit.environments.image_turns import ImageTurns
 from grpokit.environments.multi_turn import SEED_STRIDE, conversation_rollouts, take_turn
 from grpokit.environments.toolsets import close_toolsets
 from grpokit.inference import InferenceEngine, SamplingSettings
@@ -68,11 +69,10 @@ class _Conversations:
         return sum(not c.done for c in self.convs)
 
     def rollouts(self, tokenizer) -> list[Rollout]:
+        """The G rollouts, each with its own conversation's image inputs (its first prompt's, and any its
+        environment's later turns added: rollouts of one group may hold different pictures)."""
         close_toolsets(self.convs)
-        rollouts = conversation_rollouts([self.convs], self.pending.group_id, tokenizer)[0]
-        for rollout in rollouts:  # a prompt with images: every turn was sampled, and is scored, with them
-            rollout.vision = self.pending.vision
-        return rollouts
+        return conversation_rollouts([self.convs], self.pending.group_id, tokenizer)[0]
 
 
 @dataclass
@@ -111,6 +111,7 @@ class GroupPlay:
         self.budget = min(turns.budget or sys.maxsize, engine.context_length() or sys.maxsize)
         self.max_tokens = stream.sampling.max_tokens
         self.chat: ChatTokens | None = None  # for multi-turn prompts, made at the first one
+        self.images = ImageTurns(tokenizer, turns.pixel_budget)  # later turns with images; loads when one comes
         self.episodes: EpisodeTable | None = None  # verifiers Env episodes in play, made at the first one
         self.open = 0  # prompts submitted whose group has not been handed out (generated and judged)
         self._scored: collections.deque[tuple[PendingGroup, list[Rollout], list[Deferred]]] = collections.deque()
@@ -192,7 +193,7 @@ class GroupPlay:
     def _start_conversations(self, p: PendingGroup, completions: list) -> None:
         """A multi-turn prompt's first turn finished: G conversations, each continuing on its own."""
         self.chat = self.chat or ChatTokens(self.tokenizer)
-        state = _Conversations(p, [Conversation.opening(p.env, p.example, p.prompt_ids) for _ in completions])
+        state = _Conversations(p, [Conversation.opening(p.env, p.example, p.prompt_ids, p.vision) for _ in completions])
         for conv, completion in zip(state.convs, completions):
             take_turn(conv, completion, *self._turn_args())
             if not conv.done:
@@ -227,10 +228,24 @@ class GroupPlay:
         seed = state.pending.seed
         seed = None if seed is None else seed * SEED_STRIDE + conv.turns
         ids = conv.prompt_ids + conv.ids
-        self.stream.submit(GroupRequest(_Turn(state, conv), ids, 1, seed, vision=state.pending.vision))
+        if conv.later_images:
+            self._check_later_images(conv)
+        self.stream.submit(GroupRequest(_Turn(state, conv), ids, 1, seed, vision=conv.vision))
+
+    def _check_later_images(self, conv: Conversation) -> None:
+        """A conversation whose environment's turn added images goes on only on an engine that samples them
+        (`later_turn_images`: BuiltinEngine's plain path, RemoteEngine in front of `grpokit infer`)."""
+        if self.stream.takes_images and getattr(self.engine, "later_turn_images", False):
+            return
+        raise ValueError(
+            f"environment {conv.env.name!r} example {conv.example.index}: respond() returned a message with "
+            f"images, which {type(self.engine).__name__} cannot sample in a later turn yet: use inference "
+            "BuiltinEngine with fast: off, or RemoteEngine in front of `grpokit infer`; or put the pictures in the "
+            "first prompt (docs/vision.md)"
+        )
 
     def _turn_args(self) -> tuple:
-        return self.tokenizer, self.chat, self.budget, self.max_tokens, self.max_turns
+        return self.tokenizer, self.chat, self.budget, self.max_tokens, self.max_turns, self.images
 
 
 def generate_rollouts(

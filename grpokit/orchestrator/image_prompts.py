@@ -99,9 +99,9 @@ class ImagePrompts:
 
 
 def check_no_episodes(env: Environment, example: Example) -> None:
-    """Images in a conversation's first prompt (single-turn, Task.respond and tool conversations: the later
-    turns are text, appended to the rendered prompt), not in a verifiers Env episode, whose turns are
-    rendered by the episode itself."""
+    """Images in a conversation's first prompt (single-turn, Task.respond and tool conversations, whose later
+    turns are appended to the rendered prompt: grpokit.environments.image_turns renders those with images),
+    not in a verifiers Env episode, whose turns are rendered by the episode itself."""
     if getattr(env, "episode_env", None) is not None:
         raise ValueError(
             f"environment {env.name!r} has prompts with images (example {example.index}) in a verifiers Env "

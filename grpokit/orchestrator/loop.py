@@ -96,7 +96,7 @@ class RolloutLoop:
         self.settings, self.shape, self.inputs = settings, settings.shape, inputs
         self.engine, self.broadcast, self.tokenizer, self.transport = engine, broadcast, tokenizer, transport
         self.run_dir, self.max_steps, self.start_step = Path(run.run_dir), max_steps, run.start_step
-        self.turns = TurnLimits(settings.max_turns, settings.seq_len)  # how long a multi-turn rollout may grow
+        self.turns = TurnLimits(settings.max_turns, settings.seq_len, settings.pixel_budget)  # multi-turn limits
         self.pack_trees = settings.packing == "prefix_tree" or (settings.packing == "auto" and trainer_shares_prefixes)
         self.schedule = WeightSchedule(
             engine,

@@ -32,8 +32,7 @@ def prompt_token_ids(tokenizer, example: Example) -> list[int]:
     if has_images(example.messages):
         raise ValueError(
             f"example {example.index}: its prompt holds images, which the model's processor renders "
-            "(grpokit.orchestrator.image_prompts), not the tokenizer's template; a conversation's later turns "
-            "cannot hold images yet: docs/vision.md"
+            "(grpokit.orchestrator.image_prompts), not the tokenizer's template: docs/vision.md"
         )
     source = getattr(example, "toolsets", None)
     tools = source.schemas if source is not None and source.schemas else None

@@ -19,15 +19,18 @@ from grpokit.environments.finish import masked_if_aborted
 from grpokit.environments.steps import rollout_steps
 from grpokit.inference import Completion
 from grpokit.types import Rollout
+from grpokit.vision.images import PixelBudget
 
 
 @dataclass
 class TurnLimits:
     """How long a multi-turn rollout may grow: `max_turns` assistant turns (a task's own `max_turns`
-    wins), and `budget` tokens of prompt + every turn (data.seq_len; None = the engine's context)."""
+    wins), and `budget` tokens of prompt + every turn (data.seq_len; None = the engine's context);
+    `pixel_budget`: data.pixel_budget, for the images an environment's later turn brings."""
 
     max_turns: int = 8
     budget: int | None = None
+    pixel_budget: PixelBudget | None = None
 
 
 def sampled_group(

@@ -56,11 +56,15 @@ class VisionInputs:
             which `concat` joins several sequences' tensors.
         source: the pictures and unexpanded ids they were made from (a rendered prompt's, in the
             orchestrator's process; never serialised: None after to_tensors/from_tensors).
+        prompt_part: a conversation whose later turns added images (`with_turn`): its first prompt's own
+            inputs (empty when it had none), for what pairs the prompt alone with an answer (Chord's
+            experts); None otherwise. In the orchestrator's process only, as `source`.
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     image_dims: dict[str, int] = field(default_factory=dict)
     source: ImageSource | None = field(default=None, compare=False, repr=False)
+    prompt_part: VisionInputs | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if set(self.tensors) != set(self.image_dims):
@@ -111,6 +115,24 @@ def concat(parts: list[VisionInputs]) -> VisionInputs:
             raise ValueError(f"cannot pack image inputs {part.image_dims} with {dims}: different model inputs")
     tensors = {name: torch.cat([p.tensors[name] for p in present], dim=dim) for name, dim in dims.items()}
     return VisionInputs(tensors, dict(dims))
+
+
+def with_turn(vision: VisionInputs | None, turn: VisionInputs) -> VisionInputs:
+    """A conversation's image inputs once a later turn added `turn`'s images: `vision`'s, then `turn`'s
+    (the order of their placeholders in the sequence, which the model fills in order); `prompt_part`
+    keeps the first prompt's."""
+    joined = concat([vision or VisionInputs(), turn])
+    joined.prompt_part = prompt_inputs(vision) or VisionInputs()
+    return joined
+
+
+def prompt_inputs(vision: VisionInputs | None) -> VisionInputs | None:
+    """The first prompt's image inputs of a sequence's `vision` (None: it had none): `vision` itself,
+    unless a conversation's later turns added images to it (`with_turn`)."""
+    if vision is None:
+        return None
+    part = vision.prompt_part if vision.prompt_part is not None else vision
+    return part or None
 
 
 def to_base64(vision: VisionInputs) -> str:

@@ -52,6 +52,27 @@ def render_prompt(
     return RenderedPrompt(ids, vision)
 
 
+def render_continuation(
+    processor, prefix: list[dict], messages: list[dict], images: list[Image.Image]
+) -> RenderedPrompt:
+    """The ids that `messages` (processor-shaped, holding `images` in order) add after the chat `prefix`,
+    ending with the assistant header, and the image inputs of those images alone: a later turn of a
+    conversation. The whole chat is one processor call (each image's placeholders expanded), less the
+    prefix's own ids, which must begin it (a template that renders the prefix otherwise is refused)."""
+    head = processor.apply_chat_template(prefix, tokenize=False)
+    text = processor.apply_chat_template([*prefix, *messages], tokenize=False, add_generation_prompt=True)
+    head_ids = processor(text=[head], add_special_tokens=False)["input_ids"][0]
+    encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
+    ids = encoded["input_ids"][0].tolist()
+    if ids[: len(head_ids)] != list(head_ids):
+        raise ValueError(
+            "the processor's chat template renders a conversation's beginning differently once messages with "
+            "images follow it; its ids cannot be extended turn by turn (use a template that keeps earlier turns)"
+        )
+    tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
+    return RenderedPrompt(ids[len(head_ids) :], VisionInputs(tensors, image_dims(tensors)))
+
+
 def image_dims(tensors: dict) -> dict[str, int]:
     """Each tensor's image dimension. Processors with nested images (Idefics3/SmolVLM: pixel_values
     [batch, tiles, C, H, W]) give every tensor that shares pixel_values' [batch, tiles] prefix dimension

@@ -1,7 +1,8 @@
 """A multi-turn environment whose first prompt holds a picture (shapes with `tries: 2`: a wrong answer is
 told "No, look again." and asked again): every turn is sampled with the picture and the trainer scores the
-whole conversation with it (token-faithful at max_async_level 0, tiny Qwen2.5-VL); an environment turn that
-returns an image is refused, naming the example."""
+whole conversation with it (token-faithful at max_async_level 0, tiny Qwen2.5-VL); an environment turn with a
+part that is neither text nor an image is refused, naming the example (a later turn's pictures:
+tests/vision/test_later_turn_images.py)."""
 
 from __future__ import annotations
 
@@ -46,12 +47,15 @@ def test_a_second_turn_is_sampled_and_trained_with_the_first_prompts_picture(qwe
     assert len(second) >= len(samples) // 2, samples[:4]
 
 
-def test_an_environment_turn_with_an_image_is_refused_naming_the_example(qwen, tmp_path, monkeypatch):
+def test_an_environment_turn_with_a_part_that_is_not_text_or_an_image_is_refused_naming_the_example(
+    qwen, tmp_path, monkeypatch
+):
     picture = {"type": "image_url", "image_url": {"url": to_data_url(striped(8, 8, 1))}}
+    sound = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
 
     def respond(self, messages, state):
-        return EnvTurn([{"role": "user", "content": [picture, {"type": "text", "text": "And this one?"}]}])
+        return EnvTurn([{"role": "user", "content": [picture, sound, {"type": "text", "text": "And this one?"}]}])
 
     monkeypatch.setattr(ShapesRetryTask, "respond", respond)
-    with pytest.raises(RuntimeError, match=r"environment 'shapes' example \d+: .*images go in the first prompt"):
+    with pytest.raises(RuntimeError, match=r"environment 'shapes' example \d+: content part of type 'input_audio'"):
         main(retry_argv(tmp_path, qwen, "later"))

@@ -70,6 +70,7 @@ class VLLMEngine(RemoteEngine):
     checks_probe = True  # its tensors cannot be shown: each loaded step is checked by the weight probe
     pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
     takes_vision = True  # generate(vision=) and the streams send a group's pictures (grpokit.inference.vllm.images)
+    later_turn_images = False  # a later turn's pictures have no ImageSource for vLLM's processor yet
 
     def __init__(
         self,
