@@ -9,9 +9,10 @@ projector -> language model):
   patches, hidden 192, 4 layers, 1.8M parameters), randomly initialised with `seed`;
 - the projector is Idefics3's connector: a 2x2 pixel shuffle and one linear map into the text model's
   hidden size (0.44M parameters), random too.
-So a picture becomes 16 image tokens. The encoder and projector know nothing until trained: a recipe
-warm-starts them with `grpokit sft` on pictures with full weights (docs/vision.md, recipes/
-shapes_vision_pipeline.yaml), then GRPO trains on top. The processor is Idefics3's with its PIL image
+So a picture becomes 16 image tokens. The encoder and projector know nothing until trained:
+recipes/shapes_vision_pipeline.yaml pretrains the encoder on labelled pictures (`grpokit pretrain-vision`,
+as LLaVA starts from a pretrained CLIP), aligns the projector with `grpokit sft`, then trains with GRPO
+(docs/vision.md). The processor is Idefics3's with its PIL image
 processor (no torchvision): each picture resized to 64 pixels on its longest edge, no tiling; the chat
 template is ChatML with `<image>` where an image part is (no default system prompt).
 
