@@ -9,6 +9,17 @@ from pathlib import Path
 
 from grpokit.pretrain.loop import PretrainSettings, pretrain_vision
 
+SETTINGS_HELP = {
+    "steps": "optimizer steps",
+    "batch_size": "pictures a step",
+    "lr": "AdamW learning rate of the tower and the heads",
+    "warmup_steps": "steps of linear warm-up to --lr",
+    "weight_decay": "AdamW weight decay",
+    "eval_pictures": "the last pictures, held out and scored",
+    "eval_interval": "steps between held-out scores",
+    "seed": "the heads' initialisation and the picture order",
+}
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     import grpokit.pretrain
@@ -26,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="replace an existing --out folder")
     p.add_argument("--num_threads", type=int, default=None, help="torch CPU threads")
     for key, value in vars(PretrainSettings()).items():
-        p.add_argument(f"--{key}", type=type(value), default=value, help=f"default {value}")
+        p.add_argument(f"--{key}", type=type(value), default=value, help=f"{SETTINGS_HELP[key]} (default {value})")
     return p.parse_args(argv)
 
 
