@@ -19,7 +19,6 @@ is a string or JSON).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from grpokit.environments.chat_tokens import PROBE_CHAT, ChatTokens
@@ -29,18 +28,22 @@ from grpokit.vision.messages import prompt_images
 from grpokit.vision.render import check_vision_model, load_processor, render_continuation
 
 
-@functools.lru_cache(maxsize=4)
-def _processor(path: str):
-    return load_processor(path)
-
-
 class ImageTurns:
     """Renders environment turns with images for one policy (its tokenizer's folder holds the processor),
     within `budget` (data.pixel_budget); the processor loads at the first such turn."""
 
     def __init__(self, tokenizer, budget: PixelBudget | None = None) -> None:
         self.tokenizer, self.budget = tokenizer, budget or PixelBudget()
-        self.checked = False
+        self._processor = None
+
+    def processor(self, where: str):
+        """The policy's processor, loaded at the first turn with images (a text-only policy is refused
+        there), as grpokit.sft.render.ChatRenderer.processor does."""
+        if self._processor is None:
+            path = self.tokenizer.name_or_path
+            check_vision_model(path, f"{where}: respond() returned a message with images; the conversation")
+            self._processor = load_processor(path)
+        return self._processor
 
     def render(
         self, where: str, chat: ChatTokens, completion_ids: list[int], messages: list[dict[str, Any]], held: int
@@ -48,10 +51,7 @@ class ImageTurns:
         """(the ids that follow a finished completion: the rest of its closing, the `messages` with their
         images expanded, the next assistant header; the turn's image inputs; its number of images).
         `held`: images the conversation holds already; `where` names the environment and example."""
-        path = self.tokenizer.name_or_path
-        if not self.checked:
-            check_vision_model(path, f"{where}: respond() returned a message with images; the conversation")
-            self.checked = True
+        processor = self.processor(where)
         shaped, images = prompt_images(messages, self.budget, where)
         limit = self.budget.max_images
         if limit is not None and held + len(images) > limit:
@@ -61,7 +61,7 @@ class ImageTurns:
                 where,
             )
         try:
-            rendered = render_continuation(_processor(path), list(PROBE_CHAT), shaped, images)
+            rendered = render_continuation(processor, list(PROBE_CHAT), shaped, images)
         except (ValueError, OSError) as e:  # the processor refusing an image (too small, odd mode)
             raise ImageError(f"the processor cannot take a later turn's images: {e}", where) from e
         return chat.closing_after(completion_ids) + rendered.prompt_ids, rendered.vision, len(images)

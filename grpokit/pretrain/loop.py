@@ -95,12 +95,12 @@ def tower_parameters(model) -> list[torch.nn.Parameter]:
 def pretrain_vision(
     model_name: str, pictures: list[Image.Image], labels: list[Labels], out: str | Path, settings: PretrainSettings
 ) -> dict[str, float]:
-    """Pretrain `model_name`'s vision parts on (picture, labels) pairs; write the whole model and its
-    processor to `out` (atomically). Returns the last held-out scores."""
+    """Pretrain `model_name`'s tower on (picture, labels) pairs; write the whole model and its processor
+    to `out` (atomically). Returns the last held-out scores."""
     from transformers import AutoModelForImageTextToText
 
     from grpokit.common.models import resolve_model
-    from grpokit.vision.render import load_processor, save_tokenizer
+    from grpokit.vision.render import load_processor
 
     train, held = split_pairs(pictures, labels, settings)
     torch.manual_seed(settings.seed)
@@ -131,7 +131,7 @@ def pretrain_vision(
             row["seconds"] = round(time.monotonic() - started, 1)
             history.append(row)
             log.info("pretrain-vision step %d: %s", step, {k: round(v, 4) for k, v in row.items()})
-    save_model(model, model_name, out, values, settings, history, save_tokenizer)
+    save_model(model, model_name, out, values, settings, history)
     return history[-1]
 
 
@@ -162,9 +162,11 @@ def evaluate(model, processor, head, held: tuple, values: dict, settings: Pretra
     return {f"eval/accuracy/{k}": v for k, v in accuracy.items()}
 
 
-def save_model(model, model_name: str, out, values, settings, history, save_tokenizer) -> None:
+def save_model(model, model_name: str, out, values, settings, history) -> None:
     """The model folder (weights in float32, the processor) and pretrain.json (settings, each label's
     values, the scores at each eval), written together."""
+    from grpokit.vision.render import save_tokenizer
+
     with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)
         save_tokenizer(model_name, tmp)
