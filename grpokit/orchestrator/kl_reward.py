@@ -16,7 +16,11 @@ The reference is the policy's initial model: the model the recipe's `model.model
 once on first use (for a LoRA run that is the base model, the policy with its adapter off), frozen,
 float32, on the CPU, in the orchestrator's process. It scores the tokens on rows packed end to end
 (grpokit.common.logprobs.packed_token_logprobs, shared prompts run once) with the LM head only on the
-trained completion tokens.
+trained completion tokens. Rollouts whose prompts hold images (Rollout.vision) are packed on rows of their
+own and scored as the trainer scores them: the same call with the row's image inputs
+(grpokit.vision.inputs.concat), the model's own positions (grpokit.vision.positions: the Qwen-VL
+family's 3-D ones) and no prefix sharing (a prompt's images are not in its token ids, so equal ids do
+not make equal prefixes); text rows keep their shared prompts.
 
 Departures, and why:
 - verl takes logp from the actor's recomputation of the behaviour logprobs; the orchestrator has no
@@ -42,6 +46,7 @@ from grpokit.common.logprobs import packed_token_logprobs
 from grpokit.common.models import load_causal_lm
 from grpokit.kl import ESTIMATORS, KLEstimator
 from grpokit.types import Rollout
+from grpokit.vision.inputs import concat
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +109,10 @@ def shaped_groups(groups: list[list[Rollout]], kl_N: torch.Tensor, coef: float) 
 class ReferenceScorer:
     """Per-token logprobs of rollouts' completion tokens under a frozen reference model.
 
-    `model_name` (alias, HF id or folder) is loaded on the first call, float32 on the CPU; tests pass
-    `model` instead. Rollouts are packed end to end into rows of at most `row_tokens` tokens (one
-    longer rollout gets a row of its own): the row's block-diagonal mask is [T, T].
+    `model_name` (alias, HF id or folder) is loaded on the first call, float32 on the CPU (a vision-language
+    model as its image-text-to-text class, grpokit.common.models.load_causal_lm); tests pass `model`
+    instead. Rollouts are packed end to end into rows of at most `row_tokens` tokens (one longer rollout
+    gets a row of its own), rollouts with images apart from text ones: the row's block-diagonal mask is [T, T].
     """
 
     def __init__(
@@ -126,28 +132,40 @@ class ReferenceScorer:
     @torch.no_grad()
     def completion_logprobs(self, rollouts: list[Rollout], temperature: float) -> list[torch.Tensor]:
         """Each rollout's [C] float32 reference logprobs of its completion tokens at `temperature`
-        (0 where completion_mask is 0: the LM head does not run there)."""
-        out: list[torch.Tensor] = []
-        for row in self._rows(rollouts):
-            ids, positions, needed, lens = [], [], [], []
-            for r in row:
-                ids += r.prompt_ids + r.completion_ids
-                positions += range(r.num_tokens)
-                needed += [0] * len(r.prompt_ids) + list(r.completion_mask)
-                lens.append(r.num_tokens)
-            logprobs_T = packed_token_logprobs(
-                self.model,
-                torch.tensor(ids),
-                torch.tensor(positions),
-                torch.tensor(lens),
-                temperature,
-                needed_T=torch.tensor(needed, dtype=torch.bool),
-                share_prefixes=True,  # the G copies of each prompt run once; same values (grpokit.common.prefix_tree)
-            )
-            start = 0
-            for r in row:
-                out.append(logprobs_T[start + len(r.prompt_ids) : start + r.num_tokens])
-                start += r.num_tokens
+        (0 where completion_mask is 0: the LM head does not run there), in the order of `rollouts`.
+        Text rollouts and rollouts with images are packed on separate rows (module docstring)."""
+        out: list[torch.Tensor | None] = [None] * len(rollouts)
+        for images in (False, True):
+            order = [i for i, r in enumerate(rollouts) if bool(r.vision) is images]
+            scored = [logq for row in self._rows([rollouts[i] for i in order]) for logq in self._row(row, temperature)]
+            for i, logq_C in zip(order, scored):
+                out[i] = logq_C
+        return out
+
+    def _row(self, row: list[Rollout], temperature: float) -> list[torch.Tensor]:
+        """The completion logprobs of one packed row's rollouts, as the trainer computes a micro-batch's
+        (grpokit.trainer.policy: packed_token_logprobs with the row's image inputs, if any)."""
+        ids, positions, needed, lens = [], [], [], []
+        for r in row:
+            ids += r.prompt_ids + r.completion_ids
+            positions += range(r.num_tokens)
+            needed += [0] * len(r.prompt_ids) + list(r.completion_mask)
+            lens.append(r.num_tokens)
+        vision = concat([r.vision for r in row]) if any(r.vision for r in row) else None
+        logprobs_T = packed_token_logprobs(
+            self.model,
+            torch.tensor(ids),
+            torch.tensor(positions),
+            torch.tensor(lens),
+            temperature,
+            needed_T=torch.tensor(needed, dtype=torch.bool),
+            share_prefixes=vision is None,  # a text row's G copies of each prompt run once (grpokit.common.prefix_tree)
+            vision=vision,
+        )
+        out, start = [], 0
+        for r in row:
+            out.append(logprobs_T[start + len(r.prompt_ids) : start + r.num_tokens])
+            start += r.num_tokens
         return out
 
     def _rows(self, rollouts: list[Rollout]) -> list[list[Rollout]]:

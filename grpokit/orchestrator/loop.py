@@ -145,12 +145,8 @@ class RolloutLoop:
         refusing at start what cannot sample or train them yet."""
         settings = self.settings
         evaluated = evaluated if settings.eval_settings else []
-        images = ImagePrompts.for_envs(
-            self.tokenizer, self.inputs.training, evaluated, self.engine, settings.pixel_budget
-        )
-        if images is not None and settings.kl_in_reward is not None:
-            raise ValueError("data.kl_in_reward does not take prompts with images yet: unset it (docs/vision.md)")
-        return images
+        training = self.inputs.training
+        return ImagePrompts.for_envs(self.tokenizer, training, evaluated, self.engine, settings.pixel_budget)
 
     def _restored_pools(self, restore_buffer: bool) -> DifficultyPools | None:
         settings = self.settings

@@ -146,6 +146,34 @@ def test_with_vllm_nccl_broadcast_the_worker_extension_is_loaded_and_the_broadca
     assert process_group_gone(start["pid"], within=10.0)
 
 
+@pytest.mark.parametrize(
+    "model, budget, limit",
+    [
+        ("qwen", '{"max_images": 2}', '{"image": 2}'),
+        ("qwen", '{"max_pixels": 3136}', None),  # no max_images: vLLM's own default
+        ("text", '{"max_images": 2}', None),  # a text model takes no image flags
+    ],
+    ids=["vlm-max-images", "vlm-no-limit", "text-model"],
+)
+def test_pixel_budget_max_images_limits_a_vision_language_models_server(tmp_path, tiny_model, model, budget, limit):
+    """The real launcher's command line, as the stand-in received it: a vision-language model's server gets
+    `--enable-scale-out` and, with data.pixel_budget.max_images, `--limit-mm-per-prompt {"image": N}`."""
+    from grpokit.cli import make_cli
+    from grpokit.testing import build_tiny_qwen2_5_vl
+
+    path = str(build_tiny_qwen2_5_vl(tmp_path / "qwen")) if model == "qwen" else tiny_model
+    cli = make_cli(fit_argv(tmp_path, path, free_port(), "--data.pixel_budget", budget)[1:], run=False, role="infer")
+    stopper = start_for_fit(cli, cli.config_init["inference"], cli.config_init["broadcast"], cli.config_init["server"])
+    try:
+        start = records(tmp_path)[0]
+    finally:
+        stopper.stop()
+    argv = start["argv"]
+    assert (argv[argv.index("--limit-mm-per-prompt") + 1] if "--limit-mm-per-prompt" in argv else None) == limit
+    assert ("--enable-scale-out" in argv) == (model == "qwen")
+    assert process_group_gone(start["pid"], within=10.0)
+
+
 def test_fit_refuses_a_port_in_use_before_starting_anything(tmp_path, tiny_model):
     from grpokit.cli import make_cli
 

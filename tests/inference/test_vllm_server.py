@@ -75,6 +75,20 @@ def test_defaults_follow_the_recipe_and_explicit_values_win():
     assert flag(cmd, "--worker-extension-cls") == "grpokit.inference.vllm.worker.NCCLWeightReceiver"
 
 
+def test_max_images_becomes_vllms_per_prompt_image_limit_as_json():
+    """data.pixel_budget.max_images -> `--limit-mm-per-prompt {"image": N}` (vLLM 0.32 parses the JSON into
+    {"image": N}); without it vLLM's default stays; extra_args setting the flag (any form) win alone."""
+    cmd = serve_command(VLLMServe(extra_args=["--max-num-seqs", "8"]), "m", "b", "h", 1, "float32", None, max_images=2)
+    assert flag(cmd, "--limit-mm-per-prompt") == '{"image": 2}' and cmd.count("--limit-mm-per-prompt") == 1
+    assert cmd[-2:] == ["--max-num-seqs", "8"]  # extra arguments still last
+    unlimited = serve_command(VLLMServe(), "m", "b", "h", 1, "float32", None)
+    assert not any(a.startswith("--limit-mm-per-prompt") for a in unlimited)
+    for own in (["--limit-mm-per-prompt", '{"image": 5}'], ['--limit-mm-per-prompt={"image": 5}'],
+                ["--limit-mm-per-prompt.image", "5"]):  # fmt: skip
+        cmd = serve_command(VLLMServe(extra_args=own), "m", "b", "h", 1, "float32", None, max_images=2)
+        assert [a for a in cmd if a.startswith("--limit-mm-per-prompt")] == own[:1] and '{"image": 2}' not in cmd
+
+
 def test_lora_rank_rounds_up_to_one_vllm_accepts():
     assert [lora_rank_for_vllm(r) for r in (1, 2, 8, 9, 16, 100, 512)] == [1, 8, 8, 16, 16, 128, 512]
     with pytest.raises(ValueError, match="exceeds vLLM's largest"):

@@ -138,8 +138,9 @@ def test_a_server_without_the_token_in_route_is_refused_at_start(tmp_path):
 
 
 def test_fit_on_image_prompts_samples_from_vllm(vl_model, tmp_path, monkeypatch):
-    """`grpokit fit --inference VLLMEngine` starts vLLM on the tiny VLM itself (with --enable-scale-out)
-    and trains 2 steps of the shapes environment at max_async_level 0, the second sampled with the
+    """`grpokit fit --inference VLLMEngine` starts vLLM on the tiny VLM itself (with --enable-scale-out, and
+    data.pixel_budget.max_images 1 as vLLM's `--limit-mm-per-prompt {"image": 1}`: the shapes prompts hold
+    one picture) and trains 2 steps of the shapes environment at max_async_level 0, the second sampled with the
     hot-loaded adapter of the first: token_mult_prob_error within 1e-4 of 1 at both. A reward that varies
     within groups (odd-length replies score 1: the random models never name a colour) makes step 0's
     update non-zero."""
@@ -158,11 +159,12 @@ def test_fit_on_image_prompts_samples_from_vllm(vl_model, tmp_path, monkeypatch)
     argv = tiny_fit_argv(
         tmp_path, path, family, "--data.env", json.dumps(env), "--data.eval", "null", "--data.max_async_level", "0",
         "--data.seq_len", "256", "--data.timeout", "120", "--trainer.max_steps", "2", "--ckpt.interval", "0",
-        "--model.lr", "1e-2", *vllm_serve_args(free_port()),
+        "--model.lr", "1e-2", "--data.pixel_budget", '{"max_images": 1}', *vllm_serve_args(free_port()),
     )  # fmt: skip
     start = time.monotonic()
     assert main(argv) == 0
-    assert "'enable_scale_out': True" in (tmp_path / family / "vllm_server.log").read_text()
+    server_log = (tmp_path / family / "vllm_server.log").read_text()
+    assert "'enable_scale_out': True" in server_log and "'limit_mm_per_prompt': {'image': 1}" in server_log
     rows = read_metrics(tmp_path / family)
     errors = [float(r["token_mult_prob_error"]) for r in rows]
     print(f"\n{family}: fit with vLLM in {time.monotonic() - start:.1f}s, token_mult_prob_error per step {errors}, "

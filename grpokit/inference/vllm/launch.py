@@ -28,18 +28,21 @@ log = logging.getLogger(__name__)
 
 def start_recipe_vllm(cli, engine, broadcast, settings) -> VLLMServer:
     """Start vLLM for the recipe: engine.serve's options, the Policy's model, dtype and LoRA rank, on
-    settings.host:settings.port (ServerSettings), with the broadcast's vLLM worker extension if any."""
+    settings.host:settings.port (ServerSettings), with the broadcast's vLLM worker extension if any, and
+    data.pixel_budget.max_images as a vision-language model's per-prompt image limit."""
     extension = getattr(broadcast, "vllm_worker_extension", None)  # VLLMNCCLBroadcast's receiver
+    data = cli.datamodule.settings
     with _sigterm_interrupts():
         return start_vllm(
             engine.serve,
             cli.model,
-            cli.datamodule.settings.seq_len,
+            data.seq_len,
             settings.host,
             settings.port,
             engine.base_model_name,
             cli.run.run_dir,
             extension,
+            data.pixel_budget.max_images if data.pixel_budget is not None else None,
         )
 
 

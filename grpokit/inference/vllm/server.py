@@ -11,7 +11,11 @@ Defaults follow the recipe: `--dtype` is model.dtype (the trainer's logprobs are
 LoRA is on when model.lora is set with `--max-lora-rank` the smallest vLLM accepts >= model.lora.rank,
 and runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is enabled for the engine's hot reload.
 A vision-language model's server gets `--enable-scale-out`, which serves the token-in route VLLMEngine
-sends prompts with images to (grpokit.inference.vllm.images).
+sends prompts with images to (grpokit.inference.vllm.images), and with `data.pixel_budget.max_images` set,
+vLLM's per-prompt image limit `--limit-mm-per-prompt '{"image": N}'` (JSON, as vLLM 0.32 parses it): grpokit
+already skips a prompt with more images (a bad image), and vLLM then plans its memory (its start-up
+profiling of multimodal inputs) for N images a prompt instead of its own default. Unset, or on a text
+model, vLLM keeps its default; a `--limit-mm-per-prompt` in `extra_args` wins.
 `gpu_memory_utilization` left unset is vLLM's default for a server with GPUs of its own; with
 `colocate` (the trainer shares the GPUs) it is what grpokit.inference.vllm.memory's estimate of the trainer leaves.
 """
@@ -19,6 +23,7 @@ sends prompts with images to (grpokit.inference.vllm.images).
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import socket
@@ -34,6 +39,7 @@ from grpokit.inference.vllm.memory import GIB, colocated_share, policy_trainer_b
 log = logging.getLogger(__name__)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
+IMAGE_LIMIT_FLAG = "--limit-mm-per-prompt"  # vLLM's per-prompt limit of each modality's items
 
 
 @dataclass
@@ -124,9 +130,11 @@ def serve_command(
     lora_rank: int | None,
     gpu_memory_utilization: float | None = None,
     worker_extension: str | None = None,
+    max_images: int | None = None,
 ) -> list[str]:
     """The server's command line. lora_rank: model.lora.rank (None without LoRA); gpu_memory_utilization:
-    the value to pass when serve.gpu_memory_utilization is unset (the co-located estimate)."""
+    the value to pass when serve.gpu_memory_utilization is unset (the co-located estimate); max_images: a
+    vision-language model's data.pixel_budget.max_images (None: vLLM's own image limit)."""
     args = [
         *serve.command,
         "--model",
@@ -166,7 +174,15 @@ def serve_command(
         args.append("--enforce-eager")
     if worker_extension is not None:
         args += ["--worker-extension-cls", worker_extension]
-    return args + list(serve.extra_args)
+    return args + image_limit_args(serve, max_images) + list(serve.extra_args)
+
+
+def image_limit_args(serve: VLLMServe, max_images: int | None) -> list[str]:
+    """`--limit-mm-per-prompt {"image": max_images}` (vLLM's JSON form), or nothing: without a limit (vLLM's
+    default stays) or when serve.extra_args sets the flag itself (in any form: `=`, `.image`), which wins."""
+    if max_images is None or any(arg.startswith(IMAGE_LIMIT_FLAG) for arg in serve.extra_args):
+        return []
+    return [IMAGE_LIMIT_FLAG, json.dumps({"image": max_images})]
 
 
 def serve_env(serve: VLLMServe, lora: bool, worker_extension: str | None = None) -> dict[str, str]:
@@ -227,8 +243,10 @@ def start_vllm(
     served_name: str,
     run_dir: Path,
     worker_extension: str | None = None,
+    max_images: int | None = None,
 ) -> VLLMServer:
-    """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves."""
+    """Start the server for the recipe's Policy (model, dtype, LoRA rank) and wait until it serves;
+    `max_images` (data.pixel_budget.max_images) limits a vision-language model's images a prompt."""
 
     utilization = None
     if serve.colocate and serve.gpu_memory_utilization is None:
@@ -247,6 +265,7 @@ def start_vllm(
         )
     lora_rank = policy.lora.rank if policy.lora is not None else None
     path = resolve_model(policy.model_name)
+    vision = model_class(path).__name__ == "AutoModelForImageTextToText"  # a text model takes no image flags
     command = serve_command(
         serve,
         path,
@@ -257,8 +276,9 @@ def start_vllm(
         lora_rank,
         utilization,
         worker_extension,
+        max_images if vision else None,
     )
-    if model_class(path).__name__ == "AutoModelForImageTextToText" and "--enable-scale-out" not in command:
+    if vision and "--enable-scale-out" not in command:
         command.append("--enable-scale-out")  # /inference/v1/generate: VLLMEngine's prompts with images
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
     check_port_free(host, port)
