@@ -31,7 +31,7 @@ their ToolSource, and the rollout's toolsets are set up at its first tool call.
 
 Every assistant turn's tokens are the engine's; every environment token is rendered from the
 environment's messages alone (grpokit.environments.chat_tokens; with images, image_turns) and has mask 0,
-logprob 0. Tool results are text (grpokit.environments.tools), so only `respond` brings images.
+logprob 0. Both `respond` and a tool may bring pictures (a tool's: grpokit.environments.tool_images).
 """
 
 from __future__ import annotations
@@ -49,12 +49,14 @@ from typing import Any
 from grpokit.common.errors import RunDataError
 from grpokit.environments.chat_tokens import text_chars
 from grpokit.environments.environment import MAX_ABS_REWARD, is_moderate, is_number
+from grpokit.environments.tool_images import checked_pictures, portable_parts
 from grpokit.environments.tools import ToolResult, parse_tool_calls, run_tool_calls
 from grpokit.environments.toolsets import SETUP_TIMEOUT
 from grpokit.environments.workers import POOL
 from grpokit.inference import Completion
+from grpokit.vision.images import PixelBudget
 from grpokit.vision.inputs import with_turn
-from grpokit.vision.messages import has_images
+from grpokit.vision.messages import has_images, split_images
 
 log = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 10.0
@@ -119,6 +121,11 @@ class Conversation:
         return len(self.turn_ends)
 
     @property
+    def images_held(self) -> int:
+        """Images the conversation holds: its first prompt's and the environment's later turns'."""
+        return len(split_images(self.example.messages)[1]) + self.later_images
+
+    @property
     def finish_reason(self) -> str:
         """The rollout's: "abort" when its last reply was aborted, else "length" when it ended truncated
         (a reply at max_tokens, or the budget), else "stop"."""
@@ -170,12 +177,13 @@ def is_multi_turn(task: Any, toolsets: Any = None) -> bool:
     return bool(getattr(task, "tools", None)) or callable(getattr(task, "respond", None)) or toolsets is not None
 
 
-def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
+def environment_turn(conv: Conversation, last_turn: bool = False, budget: PixelBudget | None = None) -> EnvTurn:
     """The environment's answer to the conversation's last reply (timed into conv.env_time): tool
     results when the reply calls tools, else the task's `respond`, else the end of the rollout. On the
     last turn allowed, tools are not run (nobody would read their results); `respond` still is, for
     its turn reward. A `respond` that raises stops the run naming the environment and example, as a
-    reward function that raises does: a made-up answer would train silently."""
+    reward function that raises does: a made-up answer would train silently. A tool's picture that cannot
+    be used within `budget` (data.pixel_budget) is the tool's error (grpokit.environments.tool_images)."""
     task, start = conv.example.task, time.perf_counter()
     try:
         tools = {fn.__name__: fn for fn in getattr(task, "tools", None) or []}
@@ -186,6 +194,8 @@ def environment_turn(conv: Conversation, last_turn: bool = False) -> EnvTurn:
         if calls:
             tools.update(_toolset_tools(conv, source))
             results = run_tool_calls(tools, calls, tool_timeout(conv), _where(conv))
+            if any(isinstance(r.content, list) for r in results):  # a picture: held to data.pixel_budget
+                results = checked_pictures(results, budget, conv.images_held, _where(conv))
             _count(conv, results)
             return EnvTurn(messages=[{"role": "tool", "content": r.content} for r in results])
         respond = getattr(task, "respond", None)
@@ -213,7 +223,8 @@ def _toolset_tools(conv: Conversation, source: Any) -> dict[str, Any]:
 
 
 def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
-    """A task's `respond` result as an EnvTurn: None is the end, a list is messages."""
+    """A task's `respond` result as an EnvTurn: None is the end, a list is messages; an image part holding a
+    PIL image or bytes becomes a `data:` URL part (the chat stays JSON, as verifiers' messages take it)."""
     if answer is None:
         return EnvTurn(done=True)
     if isinstance(answer, EnvTurn):
@@ -237,6 +248,7 @@ def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
             f"environment {conv.env.name!r} example {conv.example.index}: respond() returned no messages and "
             "done=False; return None (or done=True) to end the rollout"
         )
+    turn.messages = [{**m, "content": portable_parts(m["content"], _where(conv))} for m in turn.messages]
     if turn.reward is not None and not (is_number(turn.reward) and _is_moderate_number(turn.reward)):
         raise RunDataError(  # held to the rule of rubric rewards: a NaN would zero its group's advantages
             f"environment {conv.env.name!r} example {conv.example.index}: respond() returned a turn reward of "

@@ -25,8 +25,15 @@ Scoring: each role's chat becomes a verifiers Trace (agent name and trainable st
 task's rubric (`task.score`); then the Env's `finalize(task, episode)` sees every trace and may record
 more rewards and metrics. The trained trace gives the rollout's reward, checked as every reward is.
 
+Images: a role whose first messages hold image parts (the task's prompt, e.g. a taskset of pictures) has
+its prompt rendered by the policy's processor (grpokit.environments.image_turns.ImageTurns.render_prompt,
+within data.pixel_budget), as a first prompt with images is (grpokit.orchestrator.image_prompts); its later
+turns (text) are appended after it, every reply is sampled with its pictures (the request's `vision`), and
+the trained role's rollout carries them to the trainer. The messages an Env's code sends with `turn()` are
+text: a picture there is refused naming the role.
+
 Not provided: tools inside an episode (a segment is one reply), `Interaction.send` and `steer`, more
-than one trainable role; each is an error naming the environment when used.
+than one trainable role, pictures sent by `turn()`; each is an error naming the environment when used.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from grpokit.environments.conversation import Conversation, over_budget
 from grpokit.environments.environment import make_chat_trace, prompt_messages
 from grpokit.environments.finish import record_finish_reasons
 from grpokit.environments.workers import ToolPool
+from grpokit.vision.messages import has_images
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
 BLOCKED_GRACE = 10.0  # past SETTLE_TIMEOUT: the event loop itself is blocked by a synchronous call
@@ -118,7 +126,7 @@ class Role:
         budget = limits.budget if self.agent.trainable else limits.context
         if not self.conv.prompt_ids:  # the first reply: the prompt is rendered from the messages so far
             messages = self.conv.messages + new
-            ids = chat.prompt(messages)
+            ids = self._prompt_ids(messages)
             if len(ids) + limits.max_tokens > budget:
                 raise ValueError(
                     f"{self._where()}: the first prompt has {len(ids)} tokens, no room for "
@@ -139,6 +147,17 @@ class Role:
         self.conv.add_environment(env_ids, new)
         return True
 
+    def _prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The first prompt's ids: the tokenizer's chat template, or, when the messages hold images, the
+        processor's (the role's image inputs kept in conv.vision, sent with each of its requests)."""
+        if not has_images(messages):
+            return self.episode.chat.prompt(messages)
+        images = self.episode.images
+        if images is None:
+            raise ValueError(f"{self._where()}: the prompt holds images, which this caller cannot render")
+        ids, self.conv.vision = images.render_prompt(self._where(), messages)
+        return ids
+
     def _messages(self, message: Any) -> list[dict[str, str]]:
         if message is None:
             return []
@@ -147,7 +166,10 @@ class Role:
         for m in items:
             m = m if isinstance(m, dict) else m.model_dump(exclude_none=True)
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise TypeError(f"{self._where()}: turn() got the message {m!r:.200}; give str role and content")
+                raise TypeError(
+                    f"{self._where()}: turn() got the message {m!r:.200}; give str role and content (pictures "
+                    "go in the task's prompt: docs/vision.md)"
+                )
             out.append({"role": m["role"], "content": m["content"]})
         return out
 
@@ -206,8 +228,9 @@ class EpisodeAgents:
 class Episode:
     """One run of the Env on one example: its roles, and the asyncio task running `setup` and `run`."""
 
-    def __init__(self, env, example, tokenizer, chat: ChatTokens, limits: EpisodeLimits) -> None:
+    def __init__(self, env, example, tokenizer, chat: ChatTokens, limits: EpisodeLimits, images=None) -> None:
         self.env, self.example, self.tokenizer, self.chat, self.limits = env, example, tokenizer, chat, limits
+        self.images = images  # ImageTurns: renders a role's prompt with images (None: text prompts only)
         self.agents = EpisodeAgents(self, env.episode_env.config)
         self.roles: list[Role] = []
         self.handle: asyncio.Task | None = None
@@ -247,14 +270,15 @@ class EpisodeTable:
     code until each has ended or waits for a reply), answer the waiting roles, `finish` a prompt's group
     (scored). grpokit.orchestrator.group_play answers each waiting role as its request comes back."""
 
-    def __init__(self, tokenizer, limits: EpisodeLimits) -> None:
+    def __init__(self, tokenizer, limits: EpisodeLimits, images=None) -> None:
         self.tokenizer, self.limits, self.chat = tokenizer, limits, ChatTokens(tokenizer)
+        self.images = images  # ImageTurns, for roles whose prompt holds images
         self.loop = asyncio.new_event_loop()
         self.runner = ToolPool(1, "env-episodes")  # a daemon thread: a hung Env.run never blocks exit
         self.blocked = False  # the loop's thread was given up on, still inside an episode's code
 
     def start(self, env, example, count: int) -> list[Episode]:
-        episodes = [Episode(env, example, self.tokenizer, self.chat, self.limits) for _ in range(count)]
+        episodes = [Episode(env, example, self.tokenizer, self.chat, self.limits, self.images) for _ in range(count)]
         for ep in episodes:
             ep.handle = self.loop.create_task(ep.play())
         return episodes

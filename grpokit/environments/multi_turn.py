@@ -21,8 +21,9 @@ from __future__ import annotations
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite, over_budget
 from grpokit.environments.finish import masked_if_aborted
+from grpokit.environments.tool_images import image_turn_source
 from grpokit.types import Rollout
-from grpokit.vision.messages import has_images, split_images
+from grpokit.vision.messages import has_images
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
 
@@ -38,7 +39,7 @@ def take_turn(
         conv.done, conv.is_truncated = True, completion.is_truncated
         return
     last = conv.turns >= int(getattr(conv.example.task, "max_turns", None) or max_turns)
-    answer = environment_turn(conv, last_turn=last)
+    answer = environment_turn(conv, last_turn=last, budget=images.budget if images is not None else None)
     conv.turn_rewards.append(answer.reward)
     if answer.done or last:
         conv.done = True
@@ -56,18 +57,13 @@ def take_turn(
 
 def _render(conv: Conversation, completion_ids: list[int], messages: list, chat: ChatTokens, images) -> tuple:
     """(the environment turn's ids, its image inputs or None, its number of images): the tokenizer's
-    template for text, the processor for messages with images."""
+    template for text, the processor for messages with images (`respond`'s, or a tool's picture)."""
     if not has_images(messages):
         return chat.after_completion(completion_ids, messages), None, 0
     where = f"environment {conv.env.name!r} example {conv.example.index}"
     if images is None:
-        raise ValueError(f"{where}: respond() returned a message with images, which this caller cannot render")
-    return images.render(where, chat, completion_ids, messages, _held(conv))
-
-
-def _held(conv: Conversation) -> int:
-    """Images the conversation holds: its first prompt's and the later turns'."""
-    return len(split_images(conv.example.messages)[1]) + conv.later_images
+        raise ValueError(f"{where}: {image_turn_source(messages)}, which this caller cannot render")
+    return images.render(where, chat, completion_ids, messages, conv.images_held)
 
 
 def conversation_rollouts(

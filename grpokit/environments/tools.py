@@ -24,6 +24,10 @@ is an error message naming the tool, counted in `tool_errors`, and a WARNING onc
 author must fix it, the model cannot). A call nested deeper than the JSON parser recurses is a malformed
 call, as is any block that is not JSON.
 
+A tool may return a picture: a PIL image, or a list of strings, PIL images and text/image content parts
+holding one (grpokit.environments.tool_images). Its message's content is then those parts, rendered by the
+policy's processor (a vision-language model), and the picture joins the conversation's image inputs.
+
 An `async def` tool runs as a task on one event loop per process (`tool_loop`, a daemon thread), where
 a timeout cancels it; it must not block that loop (no `time.sleep`, no blocking I/O).
 """
@@ -42,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.environments.tool_images import picture_parts
 from grpokit.environments.workers import POOL
 
 log = logging.getLogger(__name__)
@@ -66,10 +71,11 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    """What a call returned, as the text the model reads, and how it went: ok, error or timeout."""
+    """What a call returned, as the message content the model reads (text, or content parts when the tool
+    returned a picture: grpokit.environments.tool_images), and how it went: ok, error or timeout."""
 
     call: ToolCall
-    content: str
+    content: str | list[dict[str, Any]]
     status: str  # "ok" | "error" | "timeout"
 
 
@@ -153,9 +159,9 @@ def _callable(tools: dict[str, Callable[..., Any]], call: ToolCall) -> bool:
 
 
 def _result(tools, call: ToolCall, future, timeout: float, where: str) -> ToolResult:
-    """One call's result message: the tool's answer (JSON for anything but a str, cut at MAX_RESULT_CHARS),
-    or an error the model reads (a malformed call, an unknown tool, a raise, a timeout, an answer JSON
-    cannot encode): nothing a tool does may end the run."""
+    """One call's result message: the tool's answer (a picture as content parts, else JSON for anything but a
+    str, cut at MAX_RESULT_CHARS), or an error the model reads (a malformed call, an unknown tool, a raise, a
+    timeout, an answer JSON cannot encode): nothing a tool does may end the run."""
     if call.error is not None:
         return ToolResult(call, f"Error: {call.error}", "error")
     if future is None:
@@ -169,6 +175,14 @@ def _result(tools, call: ToolCall, future, timeout: float, where: str) -> ToolRe
         return ToolResult(call, f"Error: the tool {call.name!r} took longer than {timeout:g} s", "timeout")
     except Exception as e:  # the model sees the tool's error and may try again; the run goes on
         return ToolResult(call, f"Error: {_error_text(e)}"[:MAX_RESULT_CHARS], "error")
+    try:
+        parts = picture_parts(value, MAX_RESULT_CHARS)  # a picture: content parts (grpokit.environments.tool_images)
+    except Exception as e:  # a part beside the picture that is neither text nor an image, an unreadable image
+        _warn_unencodable(call.name, e, where, "a picture grpokit cannot read")
+        message = f"Error: the tool {call.name!r} returned a picture grpokit cannot read ({_error_text(e)})"
+        return ToolResult(call, message[:MAX_RESULT_CHARS], "error")
+    if parts is not None:
+        return ToolResult(call, parts, "ok")
     try:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
     except Exception as e:  # TypeError (tuple keys), ValueError (a cycle, a huge int), RecursionError
@@ -204,16 +218,18 @@ def _warn_timeout(name: str, timeout: float, where: str) -> None:
         )
 
 
-def _warn_unencodable(name: str, error: Exception, where: str) -> None:
-    """Log, once per tool, that its result could not be encoded: its author's fix, not the model's."""
+def _warn_unencodable(name: str, error: Exception, where: str, what: str = "a value JSON cannot encode") -> None:
+    """Log, once per tool, that its result could not be encoded (JSON, or a picture's parts): its author's
+    fix, not the model's."""
     with _COUNT_LOCK:
         first = name not in _UNENCODABLE
         _UNENCODABLE.add(name)
     if first:
         log.warning(
-            "tool %r returned a value JSON cannot encode%s (%s); the model gets an error message (counted in "
-            "env/tool_errors); return a str, or JSON-encodable data with str keys",
+            "tool %r returned %s%s (%s); the model gets an error message (counted in "
+            "env/tool_errors); return a str, JSON-encodable data with str keys, or a picture (docs/environments.md)",
             name,
+            what,
             f" ({where})" if where else "",
             _error_text(error)[:200],
         )

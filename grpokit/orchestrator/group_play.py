@@ -32,6 +32,7 @@ from grpokit.environments.conversation import Conversation, is_multi_turn
 from grpokit.environments.episodes import Episode, EpisodeLimits, EpisodeTable, Role
 from grpokit.environments.image_turns import ImageTurns
 from grpokit.environments.multi_turn import SEED_STRIDE, conversation_rollouts, take_turn
+from grpokit.environments.tool_images import image_turn_source
 from grpokit.environments.toolsets import close_toolsets
 from grpokit.inference import InferenceEngine, SamplingSettings
 from grpokit.inference.streams import BatchedStream, FinishedGroup, GenerationStream, GroupRequest
@@ -207,7 +208,7 @@ class GroupPlay:
             # every role's turns go through the one stream: a fixed cache (the fast path's) bounds them all
             context = min(self.engine.context_length() or sys.maxsize, self.stream.max_len or sys.maxsize)
             limits = EpisodeLimits(self.max_tokens, self.budget, self.max_turns, context)
-            self.episodes = EpisodeTable(self.tokenizer, limits)
+            self.episodes = EpisodeTable(self.tokenizer, limits, self.images)
         self._play(_Episodes(p, self.episodes.start(p.env, p.example, self.group_size)))
 
     def _play(self, state: _Episodes) -> None:
@@ -216,7 +217,14 @@ class GroupPlay:
         for role in self.episodes.settle(state.episodes):
             if role.waiting not in state.asked:
                 state.asked.add(role.waiting)
-                self.stream.submit(GroupRequest(_RoleTurn(state, role), role.conv.prompt_ids + role.conv.ids, 1))
+                if role.conv.vision is not None and not self.stream.takes_images:
+                    raise ValueError(
+                        f"environment {role.conv.env.name!r} example {role.conv.example.index}: an episode's prompt "
+                        f"holds images, which {type(self.engine).__name__} cannot sample yet: use inference "
+                        "BuiltinEngine with fast: off, RemoteEngine in front of `grpokit infer`, or VLLMEngine"
+                    )
+                ids = role.conv.prompt_ids + role.conv.ids
+                self.stream.submit(GroupRequest(_RoleTurn(state, role), ids, 1, vision=role.conv.vision))
         if all(ep.handle.done() for ep in state.episodes):
             convs, scores = self.episodes.finish(state.episodes)
             p = state.pending
@@ -233,13 +241,14 @@ class GroupPlay:
         self.stream.submit(GroupRequest(_Turn(state, conv), ids, 1, seed, vision=conv.vision))
 
     def _check_later_images(self, conv: Conversation) -> None:
-        """A conversation whose environment's turn added images goes on only on an engine that samples them
-        (`later_turn_images`: BuiltinEngine's plain path, RemoteEngine in front of `grpokit infer`)."""
+        """A conversation whose environment's turn (`respond`, a tool) added images goes on only on an engine
+        that samples them (`later_turn_images`: BuiltinEngine's plain path, RemoteEngine in front of
+        `grpokit infer`)."""
         if self.stream.takes_images and getattr(self.engine, "later_turn_images", False):
             return
         raise ValueError(
-            f"environment {conv.env.name!r} example {conv.example.index}: respond() returned a message with "
-            f"images, which {type(self.engine).__name__} cannot sample in a later turn yet: use inference "
+            f"environment {conv.env.name!r} example {conv.example.index}: {image_turn_source(conv.messages)}, "
+            f"which {type(self.engine).__name__} cannot sample in a later turn yet: use inference "
             "BuiltinEngine with fast: off, or RemoteEngine in front of `grpokit infer`; or put the pictures in the "
             "first prompt (docs/vision.md)"
         )

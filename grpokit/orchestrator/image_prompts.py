@@ -10,11 +10,12 @@ GroupRequest -> Rollout.vision). Prompts without images keep the tokenizer's cha
 
 Checked at the start, not mid-run (`ImagePrompts.for_envs`): an environment with images given a text-only
 model or an engine that cannot sample images (all but BuiltinEngine's plain path, RemoteEngine in front
-of `grpokit infer` and VLLMEngine, for now),
-a multi-turn or Env-episode environment with images, or images in data.eval's
-environments is refused with the fix. A prompt whose image cannot be used (missing, unreadable, over
-data.pixel_budget with `over_budget: refuse`: ImageError) is skipped and logged with its environment and
-example, and recorded as `bad_image` in prompts.jsonl (grpokit.orchestrator.accounting), never a crash mid-run.
+of `grpokit infer` and VLLMEngine, for now) is refused with the fix. A verifiers Env episode's prompts are
+rendered here too (the skip of a bad image, the prompt-length check), and again by the episode for each of
+its roles (grpokit.environments.episodes: the episode decides what a role's prompt holds). A prompt whose
+image cannot be used (missing, unreadable, over data.pixel_budget with `over_budget: refuse`: ImageError) is
+skipped and logged with its environment and example, and recorded as `bad_image` in prompts.jsonl
+(grpokit.orchestrator.accounting), never a crash mid-run.
 """
 
 from __future__ import annotations
@@ -57,8 +58,6 @@ class ImagePrompts:
         with_images = [(env, ex) for env in [*envs, *eval_envs] if (ex := first_image_example(env)) is not None]
         if not with_images:
             return None
-        for env, ex in with_images:
-            check_no_episodes(env, ex)
         env, ex = with_images[0]
         check_vision_model(tokenizer.name_or_path, f"environment {env.name!r} (example {ex.index})")
         if engine is not None and not getattr(engine, "samples_images", False):
@@ -96,15 +95,3 @@ class ImagePrompts:
             if inputs is not None:
                 vision[id(ex)] = inputs
         return usable, ids, vision
-
-
-def check_no_episodes(env: Environment, example: Example) -> None:
-    """Images in a conversation's first prompt (single-turn, Task.respond and tool conversations, whose later
-    turns are appended to the rendered prompt: grpokit.environments.image_turns renders those with images),
-    not in a verifiers Env episode, whose turns are rendered by the episode itself."""
-    if getattr(env, "episode_env", None) is not None:
-        raise ValueError(
-            f"environment {env.name!r} has prompts with images (example {example.index}) in a verifiers Env "
-            "episode, which grpokit does not render with images yet: use a Taskset whose task responds "
-            "(docs/vision.md)"
-        )
