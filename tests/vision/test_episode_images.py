@@ -15,13 +15,11 @@ from grpokit.common.models import load_tokenizer
 from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.main import main
 from grpokit.orchestrator.group_play import generate_rollouts
 from grpokit.orchestrator.image_prompts import ImagePrompts
 from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.vision.logprobs import image_token_ids
-from tests.support import read_metrics
-from tests.vision.test_later_turn_images import STOPS, fit_base, mismatch
+from tests.vision.test_later_turn_images import STOPS, fit_base, fit_faithfully, mismatch
 
 # An Env of its own over the shapes taskset: the player answers the task's prompt (its picture and question),
 # then is asked again in text; the picture stays in the player's conversation.
@@ -92,9 +90,5 @@ def test_fit_trains_on_an_episode_with_pictures_token_faithfully(vl_family, look
     family, path, _, _ = vl_family
     env = [{"id": ENV_ID, "args": {"num_tasks": 16}}]
     argv = [*fit_base(tmp_path, path, family, env), "--data.sampling.stop", json.dumps(STOPS), "--data.max_turns", "2"]
-    assert main(argv) == 0
-    rows = read_metrics(tmp_path / family)
-    assert [int(r["step"]) for r in rows] == [0, 1]
-    for r in rows:
-        assert abs(float(r["token_mult_prob_error"]) - 1) < 1e-4, r
+    rows = fit_faithfully(argv, tmp_path / family)
     print(family, "Env episode with pictures, fit:", [r["token_mult_prob_error"] for r in rows])

@@ -104,7 +104,12 @@ def load_config(path: str):
 def play(path: str, monkeypatch, engine=None):
     """Four prompts of `shapes` (tries 2) x 3 rollouts, each reply answered with a picture of its own."""
     monkeypatch.setattr(ShapesRetryTask, "respond", respond_with_a_picture)
-    env = Environment(EnvSpec("shapes", {"num_tasks": 4, "tries": 2}))
+    return two_turns(path, Environment(EnvSpec("shapes", {"num_tasks": 4, "tries": 2})), engine)
+
+
+def two_turns(path: str, env: Environment, engine=None):
+    """(the engine, the rollouts): the environment's prompts x 3 rollouts of two turns at most, sampled by
+    `engine` (a BuiltinEngine on its plain path when None) at temperature 1."""
     tokenizer = load_tokenizer(path)
     prompts, ids, vision = ImagePrompts.for_envs(tokenizer, [env]).render_all([(env, ex) for ex in env.examples])
     if engine is None:
@@ -234,14 +239,20 @@ def fit_base(tmp_path, model: str, name: str, env: list) -> list[str]:
     )  # fmt: skip
 
 
-def test_fit_trains_on_later_turn_images_token_faithfully(vl_family, tmp_path, monkeypatch):
-    family, path, _, _ = vl_family
-    monkeypatch.setattr(ShapesRetryTask, "respond", respond_with_a_picture)
-    assert main(fit_argv(tmp_path, path, family)) == 0
-    rows = read_metrics(tmp_path / family)
+def fit_faithfully(argv: list[str], run_dir) -> list[dict]:
+    """Run a 2-step fit; its metrics rows, each step's token_mult_prob_error checked within 1e-4 of 1."""
+    assert main(argv) == 0
+    rows = read_metrics(run_dir)
     assert [int(r["step"]) for r in rows] == [0, 1]
     for r in rows:
         assert abs(float(r["token_mult_prob_error"]) - 1) < 1e-4, r
+    return rows
+
+
+def test_fit_trains_on_later_turn_images_token_faithfully(vl_family, tmp_path, monkeypatch):
+    family, path, _, _ = vl_family
+    monkeypatch.setattr(ShapesRetryTask, "respond", respond_with_a_picture)
+    rows = fit_faithfully(fit_argv(tmp_path, path, family), tmp_path / family)
     samples = [json.loads(line) for line in open(tmp_path / family / "samples.jsonl")]
     assert sum("Now this one:" in s["completion"] for s in samples) >= len(samples) // 2, samples[:4]
     print(family, [r["token_mult_prob_error"] for r in rows])

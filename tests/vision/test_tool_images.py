@@ -30,18 +30,12 @@ from grpokit.environments.image_turns import ImageTurns
 from grpokit.environments.tool_images import picture_parts, portable_parts
 from grpokit.environments.tools import ToolCall, run_tool_calls
 from grpokit.envs.shapes import COLOURS, SHAPES, ShapesTask, draw_shape
-from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
-from grpokit.main import main
-from grpokit.orchestrator.group_play import generate_rollouts
-from grpokit.orchestrator.image_prompts import ImagePrompts
-from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.vision.images import PixelBudget, load_image
 from grpokit.vision.logprobs import image_token_ids
 from grpokit.vision.render import render_prompt
-from tests.support import read_metrics
 from tests.vision.pictures import striped
-from tests.vision.test_later_turn_images import STOPS, fit_base, load_config, mismatch
+from tests.vision.test_later_turn_images import STOPS, fit_base, fit_faithfully, load_config, mismatch, two_turns
 
 SHOWN = "Here it is:"
 
@@ -162,15 +156,7 @@ def play(path: str, monkeypatch, engine=None):
     """Four shapes prompts x 3 rollouts, each first reply answered by `look`'s picture; two turns at most."""
     monkeypatch.setattr(ShapesTask, "tools", [look], raising=False)
     monkeypatch.setattr(conversation, "parse_tool_calls", calls_look)
-    env = Environment(EnvSpec("shapes", {"num_tasks": 4}))
-    tokenizer = load_tokenizer(path)
-    prompts, ids, vision = ImagePrompts.for_envs(tokenizer, [env]).render_all([(env, ex) for ex in env.examples])
-    if engine is None:
-        engine = BuiltinEngine(fast="off")
-        engine.setup(path)
-    sampling = SamplingSettings(temperature=1.0, max_tokens=6, seed=3, stop=STOPS)
-    groups = generate_rollouts(engine, tokenizer, prompts, 3, sampling, 0, ids, TurnLimits(2, 1024), vision)
-    return engine, [r for group in groups for r in group]
+    return two_turns(path, Environment(EnvSpec("shapes", {"num_tasks": 4})), engine)
 
 
 def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_only(vl_family, monkeypatch):
@@ -225,12 +211,8 @@ def test_fit_trains_on_tool_pictures_token_faithfully(vl_family, tmp_path, monke
     monkeypatch.setattr(conversation, "parse_tool_calls", calls_look)
     env = [{"id": "shapes", "args": {"num_tasks": 16}}]
     argv = [*fit_base(tmp_path, path, family, env), "--data.sampling.stop", json.dumps(STOPS), "--data.max_turns", "2"]
-    assert main(argv) == 0
-    rows = read_metrics(tmp_path / family)
-    assert [int(r["step"]) for r in rows] == [0, 1]
-    for r in rows:
-        assert abs(float(r["token_mult_prob_error"]) - 1) < 1e-4, r
-        assert float(r["env/tool_calls"]) > 0, r
+    rows = fit_faithfully(argv, tmp_path / family)
+    assert all(float(r["env/tool_calls"]) > 0 for r in rows), rows
     samples = [json.loads(line) for line in open(tmp_path / family / "samples.jsonl")]
     assert sum(SHOWN in s["completion"] for s in samples) >= len(samples) // 2, samples[:4]
     print(family, "tool pictures, fit:", [r["token_mult_prob_error"] for r in rows])
