@@ -13,7 +13,8 @@ is wholly in one half), which `grpokit pretrain-vision` learns from.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
 height in pixels), question ("colour", "shape", "position", "count"; "mixed": colour or shape at random;
-"all": any of the four at random), tries (above 1: a multi-turn game, a wrong answer is told "No, look
+"all": any of the four at random; a list of them, e.g. [colour, position, count]: any of those at
+random, so a question can be held out of a stage), tries (above 1: a multi-turn game, a wrong answer is told "No, look
 again." and asked again, up to `tries` answers; the reward is the last answer's, each turn's reward 1.0
 when right).
 """
@@ -49,6 +50,7 @@ MORE_QUESTIONS = {
     "count": "How many shapes are there? Answer with one word.",
 }
 COUNTS = ("one", "two", "three")
+Question = Literal["colour", "shape", "position", "count"]
 
 
 def draw_shape(shape: str, colour: str, size: int, rng: random.Random) -> Image.Image:
@@ -132,11 +134,22 @@ class ShapesRetryTask(ShapesTask):
         return EnvTurn([{"role": "user", "content": "No, look again."}], reward=0.0)
 
 
+def ask_one(question: str | list[str], rng: random.Random) -> str:
+    """The question a task asks: `question` itself, or one drawn from "mixed", "all" or a list."""
+    if isinstance(question, list):
+        if not question:
+            raise ValueError("shapes: question [] names no question; list some of colour, shape, position, count")
+        return rng.choice(sorted(set(question)))
+    if question in ("mixed", "all"):
+        return rng.choice(sorted(QUESTIONS) if question == "mixed" else sorted({**QUESTIONS, **MORE_QUESTIONS}))
+    return question
+
+
 class ShapesConfig(vf.TasksetConfig):
     num_tasks: int = 1000
     seed: int = 0
     size: int = 56
-    question: Literal["colour", "shape", "position", "count", "mixed", "all"] = "colour"
+    question: Question | Literal["mixed", "all"] | list[Question] = "colour"
     tries: int = 1
 
 
@@ -146,9 +159,7 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
         rng = random.Random(config.seed)
         for i in range(config.num_tasks):
             shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
-            asks = config.question
-            if asks in ("mixed", "all"):
-                asks = rng.choice(sorted(QUESTIONS) if asks == "mixed" else sorted({**QUESTIONS, **MORE_QUESTIONS}))
+            asks = ask_one(config.question, rng)
             labels = {"colour": colour, "kind": shape, "count": "one"}
             if asks == "position":
                 image, answer = draw_beside(shape, colour, config.size, rng)

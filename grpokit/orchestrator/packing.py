@@ -24,6 +24,7 @@ from grpokit.types import MicroBatch, Rollout
 from grpokit.vision.inputs import concat
 
 log = logging.getLogger(__name__)
+_noted = False  # the INFO below is logged once a process, not at every step
 
 
 def check_fits(length: int, capacity: int) -> None:
@@ -103,7 +104,7 @@ def pack(
     trainer that shares prefixes runs) instead of its tokens; not with images (see the module docstring).
     """
     if prefix_tree and any(r.vision for r in rollouts):
-        log.info("a batch with images is packed by tokens, not by prefix tree (data.packing): see grpokit.vision")
+        _note_token_packing()
         prefix_tree = False
     if prefix_tree:
         bins = first_fit_decreasing_tree([r.prompt_ids + r.completion_ids for r in rollouts], seq_len)
@@ -147,3 +148,11 @@ def num_positions(mb: MicroBatch, prefix_tree: bool) -> int:
     """The positions the trainer's model runs for `mb`: its distinct prefixes, or its tokens (with images,
     always its tokens)."""
     return tree_of(mb).num_nodes if prefix_tree and mb.vision is None else mb.num_tokens
+
+
+def _note_token_packing() -> None:
+    """Say once that batches with images are packed by tokens (module docstring)."""
+    global _noted
+    if not _noted:
+        _noted = True
+        log.info("batches with images are packed by tokens, not by prefix tree (data.packing): see grpokit.vision")

@@ -1,0 +1,40 @@
+"""shapes: which questions a taskset asks (one, "mixed", "all", or a list, so a stage can hold one out),
+each picture's labels, and that a seed draws the same tasks."""
+
+import collections
+
+import pytest
+
+from grpokit.environments.environment import Environment, EnvSpec
+
+FIRST_WORD = {"What": "colour", "Which": "shape", "Is": "position", "How": "count"}
+
+
+def load(**args) -> Environment:
+    return Environment(EnvSpec(id="shapes", args={"num_tasks": 120, "size": 48, **args}))
+
+
+def asked(env: Environment) -> collections.Counter:
+    return collections.Counter(FIRST_WORD[ex.messages[0]["content"][1]["text"].split()[0]] for ex in env.examples)
+
+
+def test_a_list_of_questions_asks_only_those_and_all_asks_each_of_the_four():
+    held_out = asked(load(question=["colour", "position", "count"]))
+    assert set(held_out) == {"colour", "position", "count"} and min(held_out.values()) > 20, held_out
+    assert set(asked(load(question="all"))) == {"colour", "shape", "position", "count"}
+    assert set(asked(load(question="shape"))) == {"shape"}
+
+
+def test_a_seed_draws_the_same_tasks_and_the_labels_say_what_the_picture_shows():
+    one, two = load(question="all", seed=4), load(question="all", seed=4)
+    assert [ex.task.data.answer for ex in one.examples] == [ex.task.data.answer for ex in two.examples]
+    for ex in one.examples:
+        data, kind = ex.task.data, FIRST_WORD[ex.messages[0]["content"][1]["text"].split()[0]]
+        assert data.labels["colour"] == data.colour and data.labels["kind"] == data.shape
+        label = {"colour": "colour", "shape": "kind", "position": "side", "count": "count"}[kind]
+        assert data.labels[label] == data.answer, (kind, data.labels, data.answer)
+
+
+def test_an_empty_list_of_questions_is_refused_naming_the_choices():
+    with pytest.raises(Exception, match="colour, shape, position, count"):
+        load(question=[])
