@@ -148,9 +148,10 @@ class Conversation:
         self, token_ids: list[int], messages: list[dict[str, Any]], vision: Any = None, images: int = 0
     ) -> None:
         """Append the environment's turn: its tokens (no loss, no logprobs) and messages; `vision`: the
-        image inputs of its `images` images (VisionInputs), appended to the conversation's."""
+        image inputs of its `images` images (VisionInputs), appended to the conversation's (its pictures and
+        ids before expansion too, for vLLM: grpokit.vision.inputs.grown_source)."""
         if vision:
-            self.vision = with_turn(self.vision, vision)
+            self.vision = with_turn(self.vision, vision, self.prompt_ids + self.ids)
             self.later_images += images
         self.ids += token_ids
         self.mask += [0] * len(token_ids)

@@ -10,6 +10,9 @@ and its tensors made (grpokit.vision.render.render_continuation). The conversati
 the turn's, in order (grpokit.vision.inputs.with_turn): every later turn is sampled, and the trainer scores
 the whole sequence, with all of them (the Qwen-VL family's 3-D positions recomputed over the whole
 sequence, grpokit.vision.positions). The new tokens, images included, are the environment's: mask 0.
+The turn also keeps its pictures and its ids before expansion (ImageSource), by which the conversation's
+grows (Conversation.add_environment): vLLM renders pictures itself and is sent the whole conversation's
+unexpanded ids with every picture so far (grpokit.inference.vllm.images).
 
 The images follow data.pixel_budget (resized or refused, and `max_images` counts the conversation's
 images so far); an image of `respond`'s that cannot be used stops the run naming the environment and
@@ -61,7 +64,8 @@ class ImageTurns:
     ) -> tuple[list[int], VisionInputs, int]:
         """(the ids that follow a finished completion: the rest of its closing, the `messages` with their
         images expanded, the next assistant header; the turn's image inputs; its number of images).
-        `held`: images the conversation holds already; `where` names the environment and example."""
+        `held`: images the conversation holds already; `where` names the environment and example. The
+        turn's image inputs keep its pictures and its ids before expansion (ImageSource), for vLLM."""
         processor = self.processor(where, image_turn_source(messages))
         shaped, images = prompt_images(messages, self.budget, where)
         limit = self.budget.max_images
@@ -73,10 +77,12 @@ class ImageTurns:
             )
         try:
             shaped = self.for_template(processor, shaped)
-            rendered = render_continuation(processor, list(PROBE_CHAT), shaped, images)
+            rendered = render_continuation(processor, list(PROBE_CHAT), shaped, images, keep_source=True)
         except (ValueError, OSError) as e:  # the processor refusing an image (too small, odd mode)
             raise ImageError(f"the processor cannot take a later turn's images: {e}", where) from e
-        return chat.closing_after(completion_ids) + rendered.prompt_ids, rendered.vision, len(images)
+        closing, source = chat.closing_after(completion_ids), rendered.vision.source
+        source.template_ids, source.prompt_ids = closing + source.template_ids, closing + source.prompt_ids
+        return closing + rendered.prompt_ids, rendered.vision, len(images)
 
     def render_prompt(self, where: str, messages: list[dict[str, Any]]) -> tuple[list[int], VisionInputs]:
         """(a first prompt's ids, its image inputs, with the ids before expansion for vLLM): `messages`

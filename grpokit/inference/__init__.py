@@ -194,7 +194,8 @@ class InferenceEngine(ABC):
 
     `later_turn_images`: a conversation whose environment's later turn brought images (its image inputs
     grown by them, grpokit.environments.image_turns) can be sampled with them (BuiltinEngine's plain path,
-    RemoteEngine in front of `grpokit infer`); others are refused at such a turn, naming the example.
+    RemoteEngine in front of `grpokit infer`, VLLMEngine with the conversation's grown ImageSource); others
+    (BuiltinEngine's fast path) are refused at such a turn, naming the example.
 
     `takes_serving_options`: `generate` also takes `options=ServingOptions(...)` (a server's request:
     tokens as they are decoded, cancellation); `reports_top_logprobs`: it honours options.top_logprobs.

@@ -243,14 +243,14 @@ class GroupPlay:
     def _check_later_images(self, conv: Conversation) -> None:
         """A conversation whose environment's turn (`respond`, a tool) added images goes on only on an engine
         that samples them (`later_turn_images`: BuiltinEngine's plain path, RemoteEngine in front of
-        `grpokit infer`)."""
+        `grpokit infer`, VLLMEngine); BuiltinEngine's fast path is refused."""
         if self.stream.takes_images and getattr(self.engine, "later_turn_images", False):
             return
         raise ValueError(
             f"environment {conv.env.name!r} example {conv.example.index}: {image_turn_source(conv.messages)}, "
             f"which {type(self.engine).__name__} cannot sample in a later turn yet: use inference "
-            "BuiltinEngine with fast: off, or RemoteEngine in front of `grpokit infer`; or put the pictures in the "
-            "first prompt (docs/vision.md)"
+            "BuiltinEngine with fast: off, RemoteEngine in front of `grpokit infer`, or VLLMEngine; or put the "
+            "pictures in the first prompt (docs/vision.md)"
         )
 
     def _turn_args(self) -> tuple:

@@ -13,7 +13,9 @@ safetensors files: `to_tensors` gives tensors plus a header of strings (safetens
 vLLM takes no such tensors: it runs its own processor on the pictures. So a rendered prompt's
 VisionInputs also keeps, in this process only, its `source` (ImageSource: the pictures and the ids before
 the processor expanded their placeholders) for grpokit.inference.vllm.images, which sends those and
-checks that vLLM's expansion gives exactly the prompt ids grpokit samples and trains on.
+checks that vLLM's expansion gives exactly the prompt ids grpokit samples and trains on. A conversation
+whose later turn brings pictures grows its source with them (`with_turn`, `grown_source`): all its
+pictures, and its ids so far before expansion.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ VERSION = 1
 
 @dataclass
 class ImageSource:
-    """What a server that renders pictures itself (vLLM) needs to make a prompt's image inputs again.
+    """What a server that renders pictures itself (vLLM) needs to make a prompt's image inputs again: a first
+    prompt's, a later turn's (grpokit.vision.render.render_continuation), or a conversation's so far
+    (`grown_source`: its first prompt, replies and environment turns, every picture of them).
 
     Args:
         images: the pictures the processor was given, in prompt order (PIL images, within the pixel budget).
@@ -117,13 +121,34 @@ def concat(parts: list[VisionInputs]) -> VisionInputs:
     return VisionInputs(tensors, dict(dims))
 
 
-def with_turn(vision: VisionInputs | None, turn: VisionInputs) -> VisionInputs:
+def with_turn(vision: VisionInputs | None, turn: VisionInputs, before: list[int] | None = None) -> VisionInputs:
     """A conversation's image inputs once a later turn added `turn`'s images: `vision`'s, then `turn`'s
     (the order of their placeholders in the sequence, which the model fills in order); `prompt_part`
-    keeps the first prompt's."""
+    keeps the first prompt's. `before`: the conversation's ids before the turn (expanded); with it and
+    the turn's ImageSource, the conversation's ImageSource grows too (`grown_source`)."""
     joined = concat([vision or VisionInputs(), turn])
     joined.prompt_part = prompt_inputs(vision) or VisionInputs()
+    if before is not None and turn.source is not None:
+        joined.source = grown_source(vision, before, turn.source)
     return joined
+
+
+def grown_source(vision: VisionInputs | None, before: list[int], turn: ImageSource) -> ImageSource | None:
+    """The ImageSource of a conversation whose ids so far are `before` (expanded: the first prompt, the
+    replies, the environment's turns) once a later turn with `turn`'s pictures follows: every picture so
+    far, in order, and the whole conversation's ids before expansion, so that vLLM, given them, expands
+    them into `before` + the turn's ids. The ids after the last turn with pictures (replies, text turns)
+    hold no placeholder, so they are the same either way. None when `vision` holds images without their
+    source (read back from a batch file): nothing can say how its ids looked before expansion."""
+    source = vision.source if vision is not None else None
+    if source is None and vision:
+        return None
+    done = source.prompt_ids if source is not None else []
+    if before[: len(done)] != done:
+        raise ValueError("a conversation's ids do not begin with the ids its earlier pictures were rendered into")
+    template = (source.template_ids if source is not None else []) + before[len(done) :] + turn.template_ids
+    images = (source.images if source is not None else []) + turn.images
+    return ImageSource(images, template, before + turn.prompt_ids)
 
 
 def prompt_inputs(vision: VisionInputs | None) -> VisionInputs | None:

@@ -53,24 +53,31 @@ def render_prompt(
 
 
 def render_continuation(
-    processor, prefix: list[dict], messages: list[dict], images: list[Image.Image]
+    processor, prefix: list[dict], messages: list[dict], images: list[Image.Image], keep_source: bool = False
 ) -> RenderedPrompt:
     """The ids that `messages` (processor-shaped, holding `images` in order) add after the chat `prefix`,
     ending with the assistant header, and the image inputs of those images alone: a later turn of a
     conversation. The whole chat is one processor call (each image's placeholders expanded), less the
-    prefix's own ids, which must begin it (a template that renders the prefix otherwise is refused)."""
+    prefix's own ids, which must begin it (a template that renders the prefix otherwise is refused).
+    `keep_source`: the VisionInputs keeps the turn's pictures and its ids before expansion (ImageSource:
+    the chat's text tokenized as it is, less the prefix's), which a conversation's ImageSource grows by
+    (grpokit.vision.inputs.with_turn) for an engine that renders the pictures itself (vLLM)."""
     head = processor.apply_chat_template(prefix, tokenize=False)
     text = processor.apply_chat_template([*prefix, *messages], tokenize=False, add_generation_prompt=True)
-    head_ids = processor(text=[head], add_special_tokens=False)["input_ids"][0]
+    head_ids = list(processor(text=[head], add_special_tokens=False)["input_ids"][0])
     encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
     ids = encoded["input_ids"][0].tolist()
-    if ids[: len(head_ids)] != list(head_ids):
+    template_ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"] if keep_source else head_ids
+    if ids[: len(head_ids)] != head_ids or list(template_ids[: len(head_ids)]) != head_ids:
         raise ValueError(
             "the processor's chat template renders a conversation's beginning differently once messages with "
             "images follow it; its ids cannot be extended turn by turn (use a template that keeps earlier turns)"
         )
     tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
-    return RenderedPrompt(ids[len(head_ids) :], VisionInputs(tensors, image_dims(tensors)))
+    vision = VisionInputs(tensors, image_dims(tensors))
+    if keep_source:
+        vision.source = ImageSource(list(images), list(template_ids[len(head_ids) :]), ids[len(head_ids) :])
+    return RenderedPrompt(ids[len(head_ids) :], vision)
 
 
 def image_dims(tensors: dict) -> dict[str, int]:

@@ -1,6 +1,8 @@
 """VLLMEngine's prompts with images against a stub of vLLM 0.32's token-in route (`/inference/v1/generate`):
 what is sent (the ids before expansion, the pictures as PNG data URLs, the placeholders as stop tokens), the
-check of vLLM's prompt ids, and the refusals at start. The real server: tests/integration/test_vllm_images.py."""
+check of vLLM's prompt ids, and the refusals at start; a later turn of a conversation that brought pictures
+(the whole conversation's ids before expansion, every picture in order). The real server:
+tests/integration/test_vllm_images.py; a real processor's expansion: tests/vision/test_vllm_later_turns.py."""
 
 import json
 
@@ -10,7 +12,8 @@ from PIL import Image
 
 from grpokit.inference import SamplingSettings
 from grpokit.inference.vllm.engine import VLLMEngine
-from grpokit.vision.inputs import ImageSource, VisionInputs
+from grpokit.vision.images import load_image
+from grpokit.vision.inputs import ImageSource, VisionInputs, with_turn
 from tests.support.servers import JsonStub, stub_server
 
 PLACEHOLDER = 99  # the stub model's image token: vLLM expands one into three
@@ -101,3 +104,57 @@ def test_a_server_without_the_route_is_refused_at_start(engine, status, fix):
     StubGenerate.status = status
     with pytest.raises(ValueError, match=fix):
         assert engine.samples_images
+
+
+def later_turn(vision: VisionInputs, before: list[int], template: list[int], colour: str) -> VisionInputs:
+    """`vision` grown by a later turn after the ids `before`: one picture, `template` its ids before expansion."""
+    expanded = [t for k in template for t in ([k] * 3 if k == PLACEHOLDER else [k])]
+    turn = VisionInputs({"pixel_values": torch.ones(1, 3)}, {"pixel_values": 0})
+    turn.source = ImageSource([Image.new("RGB", (4, 4), colour)], template, expanded)
+    return with_turn(vision, turn, before)
+
+
+def sent_pictures(call: dict) -> list[tuple]:
+    return [load_image(part["url"]).getpixel((0, 0)) for part in call["content_parts"]]
+
+
+def test_a_later_turn_sends_the_whole_conversation_before_expansion_with_every_picture(engine):
+    """prompt (a picture) + reply + text turn + a turn with a picture + reply + a turn with another picture:
+    each later request's ids are the whole conversation's before expansion, its pictures all of them in
+    order, and vLLM's expansion of them is grpokit's ids (else completions_answer would refuse it)."""
+    prompt, vision = image_prompt()  # a red picture
+    before = prompt + [5, 6, 7]  # a reply (5, 6), a text turn (7)
+    vision = later_turn(vision, before, [8, PLACEHOLDER, 9], "blue")
+    ids = before + [8, PLACEHOLDER, PLACEHOLDER, PLACEHOLDER, 9]
+    assert vision.source.prompt_ids == ids and len(vision.source.images) == 2
+    (group,) = engine.generate([ids], 1, SamplingSettings(max_tokens=4), vision=[vision])
+    vision = later_turn(vision, ids + [5, 6], [10, PLACEHOLDER], "green")  # another reply, another picture
+    ids += [5, 6, 10, PLACEHOLDER, PLACEHOLDER, PLACEHOLDER]
+    engine.generate([ids + [11]], 1, SamplingSettings(max_tokens=4), vision=[vision])  # a text turn after it
+    first, second = [c for c in StubGenerate.calls if c.get("token_ids")]
+    assert first["token_ids"] == [1, 2, PLACEHOLDER, 3, 5, 6, 7, 8, PLACEHOLDER, 9]
+    assert second["token_ids"] == [1, 2, PLACEHOLDER, 3, 5, 6, 7, 8, PLACEHOLDER, 9, 5, 6, 10, PLACEHOLDER, 11]
+    assert sent_pictures(first) == [(255, 0, 0), (0, 0, 255)]
+    assert sent_pictures(second) == [(255, 0, 0), (0, 0, 255), (0, 128, 0)]
+    assert [c.token_ids for c in group] == [[5, 6]]
+
+
+def test_a_text_first_prompt_then_a_picture_sends_its_text_ids_as_they_are(engine):
+    before = [1, 2, 3, 5, 6]  # a text prompt and a reply: no placeholder to expand
+    vision = later_turn(None, before, [8, PLACEHOLDER], "blue")
+    assert vision.source.template_ids == before + [8, PLACEHOLDER] and vision.prompt_part is not None
+    engine.generate([vision.source.prompt_ids], 1, SamplingSettings(max_tokens=4), vision=[vision])
+    (call,) = [c for c in StubGenerate.calls if c.get("token_ids")]
+    assert call["token_ids"] == [1, 2, 3, 5, 6, 8, PLACEHOLDER] and sent_pictures(call) == [(0, 0, 255)]
+
+
+def test_a_later_turn_after_pictures_without_their_source_is_refused(engine):
+    prompt, vision = image_prompt()
+    vision.source = None  # e.g. read back from a batch file: its ids before expansion are unknown
+    vision = later_turn(vision, prompt + [5], [8, PLACEHOLDER], "blue")
+    assert vision.source is None
+    with pytest.raises(ValueError, match="without their pictures"):
+        engine.generate([prompt + [5, 8, PLACEHOLDER]], 1, SamplingSettings(max_tokens=4), vision=[vision])
+    _, vision = image_prompt()
+    with pytest.raises(ValueError, match="do not begin with the ids its earlier pictures were rendered into"):
+        later_turn(vision, [1, 2, 3], [8, PLACEHOLDER], "blue")

@@ -5,7 +5,8 @@ grpokit's, and the trainer's forward reproduces vLLM's logprobs.
 On the tiny Idefics3. The tiny Qwen2.5-VL runs only where the vLLM venv has torchvision: vLLM's Qwen2-VL
 module imports transformers' torchvision image processor, and scripts/vllm_cpu_env.sh removes torchvision
 (PyPI's wheel is a CUDA build, which does not load beside the CPU torch). Needs the venv of
-scripts/vllm_cpu_env.sh; skipped without it. About 1.5 minutes per test on 2 CPU cores.
+scripts/vllm_cpu_env.sh; skipped without it. About 1.5 minutes per test on 2 CPU cores. A conversation
+whose later turn brings a picture is sampled by vLLM too (its grown ImageSource).
 """
 
 from __future__ import annotations
@@ -122,6 +123,65 @@ def test_vllm_samples_image_prompts_token_faithfully(vl_model, tmp_path):
     assert all(c.token_ids for c in image_group) and len(text_group) == 3
     assert sorted(c["index"] for c in continued["choices"]) == [0, 1]  # each row's prompt ids checked
     assert all(c["token_ids"] for c in continued["choices"])
+
+
+def test_vllm_samples_a_later_turns_picture_token_faithfully(vl_model, tmp_path, monkeypatch):
+    """`shapes` (tries 2) whose `respond` shows each reply a picture of its own, played by VLLMEngine
+    (2 prompts x 3 rollouts): each second turn is sent as the whole conversation's ids before expansion with
+    both pictures, vLLM's prompt ids are grpokit's on every request, and the trainer's forward gives vLLM's
+    logprobs (token_mult_prob_error within 1e-4 of 1); scored with another rollout's later picture, it is off."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from grpokit.environments.environment import Environment, EnvSpec
+    from grpokit.envs.shapes import ShapesRetryTask
+    from grpokit.inference.vllm import engine as engine_module
+    from grpokit.inference.vllm import images
+    from grpokit.inference.vllm.engine import VLLMEngine
+    from tests.vision.test_later_turn_images import mismatch, respond_with_a_picture, two_turns
+
+    family, path = vl_model
+    sent, checked = [], []  # (pictures, ids grpokit samples) per request; vLLM's prompt ids == grpokit's, each
+    requests, check = engine_module.generate_requests, images.check_prompt_ids
+    monkeypatch.setattr(engine_module, "generate_requests", lambda *a: record(sent, requests(*a)))
+    monkeypatch.setattr(
+        images, "check_prompt_ids", lambda url, got, ids: (checked.append(got == ids), check(url, got, ids))
+    )
+    monkeypatch.setattr(ShapesRetryTask, "respond", respond_with_a_picture)
+    env = Environment(EnvSpec("shapes", {"num_tasks": 2, "tries": 2}))
+    start = time.monotonic()
+    with vllm_server(path, tmp_path) as url:  # about 110 ids a conversation: 256 is room
+        engine = VLLMEngine(base_url=url, model_name=SERVED)
+        engine.setup(path)
+        _, rollouts = two_turns(path, env, engine)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    scorer = SimpleNamespace(model=model)
+    shown = [r for r in rollouts if "Now this one:" in r.completion_text]
+    later = [ids for pictures, ids in sent if pictures == 2]
+    error = mismatch(scorer, rollouts)
+    swapped = []  # within a group (the same first picture): each rollout scored with another's later one
+    for group in {r.group_id for r in shown}:
+        mine = [r for r in shown if r.group_id == group]
+        swapped += [replace(r, vision=o.vision) for r, o in zip(mine, mine[1:] + mine[:1])] if len(mine) > 1 else []
+    blind = mismatch(scorer, swapped) if swapped else None
+    print(f"\n{family}: vLLM, later-turn pictures in {time.monotonic() - start:.1f}s: {len(shown)} of {len(rollouts)} "
+          f"rollouts shown a picture, {len(later)} second-turn requests, token_mult_prob_error {error:.9f}, "
+          f"with another rollout's later picture {blind}")  # fmt: skip
+    assert len(shown) >= len(rollouts) // 2 and len(later) == len(shown)
+    assert len(checked) == len(sent) and all(checked)  # vLLM's prompt ids are grpokit's, every request
+    full = [r.prompt_ids + r.completion_ids for r in shown]
+    assert all(any(f[: len(ids)] == ids for f in full) for ids in later)  # the whole conversation so far
+    assert abs(error - 1) < 1e-4
+    assert blind is None or abs(blind - 1) > 1e-3  # the check above sees each rollout's own later picture
+
+
+def record(sent: list, requests: list[tuple[dict, list[int]]]) -> list[tuple[dict, list[int]]]:
+    """`requests` (generate_requests') as they are, each one's (number of pictures, ids) added to `sent`."""
+    sent += [(len(request["content_parts"]), ids) for request, ids in requests]
+    return requests
 
 
 def test_a_server_without_the_token_in_route_is_refused_at_start(tmp_path):

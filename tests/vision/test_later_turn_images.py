@@ -207,7 +207,7 @@ def test_remote_engine_sends_later_turn_images_to_grpokit_infer(vl_family, monke
 
 
 class NoLaterImages(BuiltinEngine):
-    later_turn_images = False  # as VLLMEngine
+    later_turn_images = False  # refused at the turn, as BuiltinEngine's fast path is (its stream takes no images)
 
 
 def test_an_engine_that_cannot_sample_later_images_is_refused_naming_the_example(vl_family, monkeypatch):

@@ -190,7 +190,7 @@ def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_
 
 
 class NoLaterImages(BuiltinEngine):
-    later_turn_images = False  # as VLLMEngine, and BuiltinEngine's fast path
+    later_turn_images = False  # refused at the turn, as BuiltinEngine's fast path is
 
 
 def test_an_engine_that_cannot_sample_a_tool_picture_is_refused_naming_the_example(vl_family, monkeypatch):

@@ -37,7 +37,9 @@ that is not wired yet.
 Prompts with images go to vLLM's token-in route `/inference/v1/generate` (served with --enable-scale-out)
 as their ids before expansion plus the pictures; vLLM's prompt ids are checked against grpokit's on every
 request (grpokit.inference.vllm.images). A streamed image request is sent whole, so an update never cuts
-it (it finishes on the adapter it was sent with), as on `grpokit infer`.
+it (it finishes on the adapter it was sent with), as on `grpokit infer`. A later turn that brought pictures
+(`respond`'s, a tool's) is sent the same way: the whole conversation's ids before expansion and every
+picture so far, from the conversation's ImageSource, grown turn by turn (grpokit.vision.inputs.with_turn).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class VLLMEngine(RemoteEngine):
     checks_probe = True  # its tensors cannot be shown: each loaded step is checked by the weight probe
     pushes_weights = True  # load_weights puts the step's adapter into the servers: `grpokit eval` loads any step
     takes_vision = True  # generate(vision=) and the streams send a group's pictures (grpokit.inference.vllm.images)
-    later_turn_images = False  # a later turn's pictures have no ImageSource for vLLM's processor yet
+    later_turn_images = True  # a later turn's request: the conversation's grown ImageSource (vllm/images.py)
 
     def __init__(
         self,

@@ -13,6 +13,10 @@ scores: a ValueError names the first difference otherwise, rather than train on 
 vLLM's processor makes the pixel values again from the same pictures with the model folder's processor
 config, so the logprobs are the trainer's (tests/integration/test_vllm_images.py measures them). A
 continuation (a streamed request cut short) is one request per row: its template ids plus the row's tokens.
+A later turn of a conversation is such a request too: its ImageSource is the conversation's so far, grown
+by each environment turn that brought pictures (grpokit.vision.inputs.grown_source: the prompt, replies and
+environment turns before expansion, every picture in order), and its ids go on with the replies and text
+turns since, which hold no placeholder.
 An image placeholder token ends a completion and is dropped from it, as on grpokit's engines (it has no
 pixels for the trainer): the placeholders are stop tokens, and vLLM's stop token is removed.
 """
@@ -33,7 +37,8 @@ def generate_requests(body: dict, vision: VisionInputs, placeholders: set[int]) 
     if source is None:
         raise ValueError(
             "this prompt's image inputs came without their pictures (ImageSource): VLLMEngine samples images "
-            "only for prompts rendered in this process (grpokit.orchestrator.image_prompts)"
+            "only for prompts and later turns rendered in this process (grpokit.orchestrator.image_prompts, "
+            "grpokit.environments.image_turns)"
         )
     prompts = body["prompt"] if body["prompt"] and isinstance(body["prompt"][0], list) else [body["prompt"]]
     params = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None}
