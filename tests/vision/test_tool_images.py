@@ -30,12 +30,19 @@ from grpokit.environments.image_turns import ImageTurns
 from grpokit.environments.tool_images import picture_parts, portable_parts
 from grpokit.environments.tools import ToolCall, run_tool_calls
 from grpokit.envs.shapes import COLOURS, SHAPES, ShapesTask, draw_shape
-from grpokit.inference.builtin import BuiltinEngine
 from grpokit.vision.images import PixelBudget, load_image
 from grpokit.vision.logprobs import image_token_ids
 from grpokit.vision.render import render_prompt
 from tests.vision.pictures import striped
-from tests.vision.test_later_turn_images import STOPS, fit_base, fit_faithfully, load_config, mismatch, two_turns
+from tests.vision.test_later_turn_images import (
+    STOPS,
+    NoLaterImages,
+    fit_base,
+    fit_faithfully,
+    load_config,
+    mismatch,
+    two_turns,
+)
 
 SHOWN = "Here it is:"
 
@@ -187,10 +194,6 @@ def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_
     error = mismatch(engine, swapped)
     print(f"{family}: scored with another rollout's tool picture: {error:.6f}")
     assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own picture
-
-
-class NoLaterImages(BuiltinEngine):
-    later_turn_images = False  # refused at the turn, as BuiltinEngine's fast path is
 
 
 def test_an_engine_that_cannot_sample_a_tool_picture_is_refused_naming_the_example(vl_family, monkeypatch):
