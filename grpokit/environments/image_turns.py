@@ -35,7 +35,7 @@ from grpokit.environments.chat_tokens import PROBE_CHAT, ChatTokens
 from grpokit.environments.tool_images import image_turn_source, pictures_after_tools, shows_tool_pictures
 from grpokit.vision.images import ImageError, PixelBudget
 from grpokit.vision.inputs import VisionInputs
-from grpokit.vision.messages import prompt_images
+from grpokit.vision.messages import check_image_count, prompt_images
 from grpokit.vision.render import check_vision_model, load_processor, render_continuation, render_prompt
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,7 @@ class ImageTurns:
         turn's image inputs keep its pictures and its ids before expansion (ImageSource), for vLLM."""
         processor = self.processor(where, image_turn_source(messages))
         shaped, images = prompt_images(messages, self.budget, where)
-        limit = self.budget.max_images
-        if limit is not None and held + len(images) > limit:
-            raise ImageError(
-                f"a later turn brings the conversation to {held + len(images)} images, more than the model takes "
-                f"(data.pixel_budget.max_images {limit})",
-                where,
-            )
+        check_image_count(held + len(images), self.budget, where, "a later turn brings the conversation to ")
         try:
             shaped = self.for_template(processor, shaped)
             rendered = render_continuation(processor, list(PROBE_CHAT), shaped, images, keep_source=True)

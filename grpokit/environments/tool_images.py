@@ -41,7 +41,7 @@ from PIL import Image
 
 from grpokit.environments.chat_tokens import PROBE_CHAT
 from grpokit.vision.images import ImageError, PixelBudget, load_image, to_data_url
-from grpokit.vision.messages import is_image_part, prompt_images
+from grpokit.vision.messages import check_image_count, is_image_part, prompt_images
 
 log = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # tools whose unusable pictures were warned of, this process
@@ -131,11 +131,7 @@ def checked_pictures(results: list, budget: PixelBudget | None, held: int, where
             continue
         try:
             _, images = prompt_images([{"role": "tool", "content": result.content}], budget, where)
-            if budget.max_images is not None and held + len(images) > budget.max_images:
-                raise ImageError(
-                    f"the conversation would hold {held + len(images)} images, more than the model takes "
-                    f"(data.pixel_budget.max_images {budget.max_images})"
-                )
+            check_image_count(held + len(images), budget, what="the conversation would hold ")
         except ImageError as e:
             reason = str(e).removeprefix(f"{where}: ")
             _warn_unusable(result.call.name, reason, where)

@@ -15,6 +15,7 @@ image placeholders in that order.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -24,7 +25,6 @@ from grpokit.types import MicroBatch, Rollout
 from grpokit.vision.inputs import concat
 
 log = logging.getLogger(__name__)
-_noted = False  # the INFO below is logged once a process, not at every step
 
 
 def check_fits(length: int, capacity: int) -> None:
@@ -150,9 +150,7 @@ def num_positions(mb: MicroBatch, prefix_tree: bool) -> int:
     return tree_of(mb).num_nodes if prefix_tree and mb.vision is None else mb.num_tokens
 
 
+@functools.cache
 def _note_token_packing() -> None:
-    """Say once that batches with images are packed by tokens (module docstring)."""
-    global _noted
-    if not _noted:
-        _noted = True
-        log.info("batches with images are packed by tokens, not by prefix tree (data.packing): see grpokit.vision")
+    """Say once a process, not at every step, that batches with images are packed by tokens (module docstring)."""
+    log.info("batches with images are packed by tokens, not by prefix tree (data.packing): see grpokit.vision")

@@ -73,12 +73,17 @@ def prompt_images(messages: list[Message], budget: PixelBudget | None = None, la
     then each source loaded (grpokit.vision.images.load_image; no budget = no limit). More images than
     `budget.max_images` is an ImageError naming the count."""
     shaped, sources = split_images(messages, label)
-    if budget is not None and budget.max_images is not None and len(sources) > budget.max_images:
-        raise ImageError(
-            f"{len(sources)} images, more than the model takes (data.pixel_budget.max_images {budget.max_images})",
-            label,
-        )
+    check_image_count(len(sources), budget, label)
     return shaped, [load_image(source, budget, label) for source in sources]
+
+
+def check_image_count(count: int, budget: PixelBudget | None, label: str | None = None, what: str = "") -> None:
+    """An ImageError naming the count when `count` images (a prompt's, or a conversation's once a later turn's
+    are added: `what` says which) are more than `budget.max_images`; nothing without a limit."""
+    limit = budget.max_images if budget is not None else None
+    if limit is not None and count > limit:
+        message = f"{what}{count} images, more than the model takes (data.pixel_budget.max_images {limit})"
+        raise ImageError(message, label)
 
 
 def _short(part: dict) -> str:

@@ -210,16 +210,20 @@ class NoLaterImages(BuiltinEngine):
     later_turn_images = False  # refused at the turn, as BuiltinEngine's fast path is (its stream takes no images)
 
 
-def test_an_engine_that_cannot_sample_later_images_is_refused_naming_the_example(vl_family, monkeypatch):
-    _, path, _, _ = vl_family
+def refused_at_the_turn(path: str, play, monkeypatch, refusal: str) -> None:
+    """`play` (a two-turn game whose later turn brings a picture) on NoLaterImages stops with `refusal`."""
     engine = NoLaterImages(fast="off")
     engine.setup(path)
+    with pytest.raises(ValueError, match=refusal):
+        play(path, monkeypatch, engine)
+
+
+def test_an_engine_that_cannot_sample_later_images_is_refused_naming_the_example(vl_family, monkeypatch):
     refusal = (
         r"environment 'shapes' example \d+: respond\(\) returned a message with images, which NoLaterImages "
         r"cannot sample in a later turn yet: use inference BuiltinEngine"
     )
-    with pytest.raises(ValueError, match=refusal):
-        play(path, monkeypatch, engine)
+    refused_at_the_turn(vl_family[1], play, monkeypatch, refusal)
 
 
 def fit_argv(tmp_path, model: str, name: str) -> list[str]:

@@ -36,11 +36,11 @@ from grpokit.vision.render import render_prompt
 from tests.vision.pictures import striped
 from tests.vision.test_later_turn_images import (
     STOPS,
-    NoLaterImages,
     fit_base,
     fit_faithfully,
     load_config,
     mismatch,
+    refused_at_the_turn,
     two_turns,
 )
 
@@ -197,15 +197,11 @@ def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_
 
 
 def test_an_engine_that_cannot_sample_a_tool_picture_is_refused_naming_the_example(vl_family, monkeypatch):
-    _, path, _, _ = vl_family
-    engine = NoLaterImages(fast="off")
-    engine.setup(path)
     refusal = (
         r"environment 'shapes' example \d+: a tool returned a picture, which NoLaterImages cannot sample in a "
         r"later turn yet: use inference BuiltinEngine with fast: off"
     )
-    with pytest.raises(ValueError, match=refusal):
-        play(path, monkeypatch, engine)
+    refused_at_the_turn(vl_family[1], play, monkeypatch, refusal)
 
 
 def test_fit_trains_on_tool_pictures_token_faithfully(vl_family, tmp_path, monkeypatch):
