@@ -1,22 +1,26 @@
-"""shapes: answer a question about the shapes in a picture in one word; prompts hold an image.
+"""shapes: answer a question about the shapes in a picture; prompts hold an image.
 
 A verifiers v1 taskset whose pictures are drawn in code with PIL (seeded), so it needs no dataset: a
 filled circle, square or triangle of one of six colours, at a random place and size, on a plain light
 background; the questions ask its colour, its kind, which half of the picture it is in (left or right),
-or how many shapes there are (one to three of the same kind and colour, smaller, not overlapping).
+or how many shapes there are (one to three of the same kind and colour, smaller, not overlapping), each
+in one word; or, "describe", all three of its colour, kind and side at once: a structured summary.
 Each prompt is a user message with the picture as an image part (a PNG `data:` URL, as an OpenAI-style
 `image_url` content part) and the question; grpokit renders it with the model's processor
 (grpokit.orchestrator.image_prompts), so the policy must be a vision-language model (docs/vision.md).
 The reward is rule-based: 1.0 when the reply's first word is the answer (case and punctuation aside),
-else 0.0. Each task's data also holds the picture's `labels` (colour, kind, count, and side when the shape
-is wholly in one half), which `grpokit pretrain-vision` learns from.
+else 0.0. A "describe" reply earns a third for each of colour, kind and side that it names, alone among
+that field's words ("red circle left" 1.0, "red circle" 2/3, "red or blue circle left" 2/3): partial
+credit, so `grpokit eval --threshold 1` counts the replies with all three right. Each task's data also
+holds the picture's `labels` (colour, kind, count, and side when the shape is wholly in one half), which
+`grpokit pretrain-vision` learns from.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
-height in pixels), question ("colour", "shape", "position", "count"; "mixed": colour or shape at random;
-"all": any of the four at random; a list of them, e.g. [colour, position, count]: any of those at
-random, so a question can be held out of a stage), tries (above 1: a multi-turn game, a wrong answer is told "No, look
-again." and asked again, up to `tries` answers; the reward is the last answer's, each turn's reward 1.0
-when right).
+height in pixels), question ("colour", "shape", "position", "count", "describe"; "mixed": colour or
+shape at random; "all": any of the four one-word questions at random; a list, e.g. [colour, position,
+count]: any of those at random, so a question can be held out of a stage), tries (above 1: a multi-turn
+game, a wrong answer is told "No, look again." and asked again, up to `tries` answers; the reward is the
+last answer's, each turn's reward 1.0 when right; one-word questions only).
 """
 
 from __future__ import annotations
@@ -49,8 +53,13 @@ MORE_QUESTIONS = {
     "position": "Is the shape on the left or on the right? Answer with one word.",
     "count": "How many shapes are there? Answer with one word.",
 }
+DESCRIBE = (
+    "Describe the shape in three words: its colour, its kind (circle, square or triangle) "
+    "and its side of the picture (left or right)."
+)
 COUNTS = ("one", "two", "three")
-Question = Literal["colour", "shape", "position", "count"]
+SIDES = ("left", "right")
+Question = Literal["colour", "shape", "position", "count", "describe"]
 
 
 def draw_shape(shape: str, colour: str, size: int, rng: random.Random) -> Image.Image:
@@ -122,6 +131,28 @@ class ShapesTask(vf.Task[ShapesData]):
         return float(first_word(trace.last_reply or "") == self.data.answer)
 
 
+def fields_named(reply: str, labels: dict[str, str]) -> float:
+    """The share of colour, kind and side that `reply` names right: a field counts when the reply's words
+    from that field's vocabulary are exactly its label (so naming every colour earns nothing for colour)."""
+    words = set(re.findall(r"[a-z]+", reply.lower()))
+    fields = {"colour": set(COLOURS), "kind": set(SHAPES), "side": set(SIDES)}
+    return sum(words & vocabulary == {labels[field]} for field, vocabulary in fields.items()) / len(fields)
+
+
+class ShapesDescribeTask(ShapesTask):
+    """ "describe": the reply names the shape's colour, kind and side; a third of the reward for each."""
+
+    def parse_answer(self, reply: str) -> str | None:
+        """The colour, kind and side words the reply names, in that order, for `grpokit eval`'s majority vote."""
+        words = re.findall(r"[a-z]+", reply.lower())
+        named = [w for vocabulary in (COLOURS, SHAPES, SIDES) for w in words if w in vocabulary]
+        return " ".join(named) or None
+
+    @vf.reward(weight=1.0)
+    async def correct(self, trace: vf.Trace) -> float:
+        return fields_named(trace.last_reply or "", self.data.labels)
+
+
 class ShapesRetryTask(ShapesTask):
     """The same question, with up to `max_turns` answers: a wrong one is told so, and the picture stays
     in the conversation (its first message)."""
@@ -138,11 +169,25 @@ def ask_one(question: str | list[str], rng: random.Random) -> str:
     """The question a task asks: `question` itself, or one drawn from "mixed", "all" or a list."""
     if isinstance(question, list):
         if not question:
-            raise ValueError("shapes: question [] names no question; list some of colour, shape, position, count")
+            raise ValueError(
+                "shapes: question [] names no question; list some of colour, shape, position, count, describe"
+            )
         return rng.choice(sorted(set(question)))
     if question in ("mixed", "all"):
         return rng.choice(sorted(QUESTIONS) if question == "mixed" else sorted({**QUESTIONS, **MORE_QUESTIONS}))
     return question
+
+
+def draw_for(asks: str, shape: str, colour: str, size: int, rng: random.Random) -> tuple[Image.Image, str, dict]:
+    """The picture for question `asks`, its answer, and its labels (what it shows)."""
+    labels = {"colour": colour, "kind": shape, "count": "one"}
+    if asks in ("position", "describe"):
+        image, labels["side"] = draw_beside(shape, colour, size, rng)
+        return image, labels["side"] if asks == "position" else f"{colour} {shape} {labels['side']}", labels
+    if asks == "count":
+        image, labels["count"] = draw_several(shape, colour, size, rng)
+        return image, labels["count"], labels
+    return draw_shape(shape, colour, size, rng), colour if asks == "colour" else shape, labels
 
 
 class ShapesConfig(vf.TasksetConfig):
@@ -160,19 +205,10 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
         for i in range(config.num_tasks):
             shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
             asks = ask_one(config.question, rng)
-            labels = {"colour": colour, "kind": shape, "count": "one"}
-            if asks == "position":
-                image, answer = draw_beside(shape, colour, config.size, rng)
-                labels["side"] = answer
-            elif asks == "count":
-                image, answer = draw_several(shape, colour, config.size, rng)
-                labels["count"] = answer
-            else:
-                image = draw_shape(shape, colour, config.size, rng)
-                answer = colour if asks == "colour" else shape
+            image, answer, labels = draw_for(asks, shape, colour, config.size, rng)
             content = [
                 {"type": "image_url", "image_url": {"url": to_data_url(image)}},
-                {"type": "text", "text": {**QUESTIONS, **MORE_QUESTIONS}[asks]},
+                {"type": "text", "text": {**QUESTIONS, **MORE_QUESTIONS, "describe": DESCRIBE}[asks]},
             ]
             data = ShapesData(
                 prompt=[{"role": "user", "content": content}],
@@ -183,8 +219,10 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
                 id=f"shapes-{i}",
             )
             if config.tries <= 1:
-                yield ShapesTask(data, config.task)
+                yield (ShapesDescribeTask if asks == "describe" else ShapesTask)(data, config.task)
                 continue
+            if asks == "describe":
+                raise ValueError("shapes: tries > 1 takes one-word questions; drop describe or set tries: 1")
             task = ShapesRetryTask(data, config.task)
             task.max_turns = config.tries
             yield task

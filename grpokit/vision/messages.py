@@ -1,7 +1,8 @@
 """Chat messages with image content parts -> the processor's message shape + the ordered images.
 
 A verifiers/OpenAI message's `content` is a string or a list of parts. Image parts come as
-`{"type": "image_url", "image_url": {"url": ...}}` (OpenAI; the url a path or a data: URL) or
+`{"type": "image_url", "image_url": {"url": ...}}` (OpenAI; the url a path or a data: URL; vLLM's token-in
+route's `content_parts` flatten it to `{"type": "image_url", "url": ...}`, also read) or
 `{"type": "image", "image": ...}` (verifiers and Hugging Face; a path, bytes, a PIL image or a data:
 URL; `url` or `path` instead of `image` also read). Any message, any turn, may hold several.
 Processors' chat templates want a bare `{"type": "image"}` where each image goes and the images
@@ -30,7 +31,7 @@ def has_images(messages: list[Message]) -> bool:
 def image_source(part: dict, label: str | None = None) -> ImageSource:
     """Where an image part's image is (a path, bytes, a PIL image or a data: URL)."""
     if part.get("type") == "image_url":
-        ref = part.get("image_url")
+        ref = part.get("image_url", part.get("url"))  # OpenAI's nesting, or vLLM's flat content part
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not url:
             raise ImageError(f"image_url part without a url: {_short(part)}", label)

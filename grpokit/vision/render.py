@@ -80,6 +80,52 @@ def render_continuation(
     return RenderedPrompt(ids[len(head_ids) :], vision)
 
 
+def expand_image_ids(
+    processor, template_ids: list[int], images: list[Image.Image]
+) -> tuple[RenderedPrompt, list[tuple[int, int]]]:
+    """Token ids before expansion (one image placeholder token per image, as vLLM's token-in route takes
+    them) and their `images`, in order -> the prompt as the model takes it, and each image's placeholder
+    range (offset, length) in its ids: the span that replaced that image's placeholder token.
+
+    The expansion is done on the ids, not on their text: each placeholder token is replaced by the ids the
+    processor makes of that image's placeholder alone, and every other id is kept as given (so a client's
+    own tokenization stays; vLLM expands token prompts the same way). For the chat template's text
+    tokenized as it is, these are the ids `render_prompt` makes of the chat (tests/vision/
+    test_generate_images.py checks both tiny families). The tensors come from one processor call on all
+    the images, as in `render_prompt`. A ValueError when the placeholders are not one per image, or when
+    the processor expands an image differently beside others (the ranges could not be told apart)."""
+    token = getattr(processor, "image_token", None)
+    if token is None:
+        raise ValueError(f"{type(processor).__name__} names no image token, so token ids cannot place images")
+    token, token_id = str(token), processor.tokenizer.convert_tokens_to_ids(str(token))
+    count = template_ids.count(token_id)
+    if count != len(images):
+        raise ValueError(
+            f"the token ids hold {count} image placeholders ({token}, id {token_id}) for {len(images)} images: "
+            "send one placeholder per image, in the ids before expansion"
+        )
+    encoded = processor(text=[token * count], images=images, add_special_tokens=False, return_tensors="pt")
+    joint = encoded["input_ids"][0].tolist()
+    alone = [joint] if count == 1 else [one_image_ids(processor, token, image) for image in images]
+    if [t for ids in alone for t in ids] != joint:
+        raise ValueError(f"{type(processor).__name__} expands an image's placeholder differently beside others")
+    ids, spans, expansions = [], [], iter(alone)
+    for t in template_ids:
+        if t == token_id:
+            expansion = next(expansions)
+            spans.append((len(ids), len(expansion)))
+            ids.extend(expansion)
+        else:
+            ids.append(t)
+    tensors = {name: value for name, value in encoded.items() if name not in TOKEN_KEYS}
+    return RenderedPrompt(ids, VisionInputs(tensors, image_dims(tensors))), spans
+
+
+def one_image_ids(processor, token: str, image: Image.Image) -> list[int]:
+    """The ids the processor expands one image's placeholder `token` into."""
+    return list(processor(text=[token], images=[image], add_special_tokens=False)["input_ids"][0])
+
+
 def image_dims(tensors: dict) -> dict[str, int]:
     """Each tensor's image dimension. Processors with nested images (Idefics3/SmolVLM: pixel_values
     [batch, tiles, C, H, W]) give every tensor that shares pixel_values' [batch, tiles] prefix dimension

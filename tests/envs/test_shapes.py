@@ -38,3 +38,30 @@ def test_a_seed_draws_the_same_tasks_and_the_labels_say_what_the_picture_shows()
 def test_an_empty_list_of_questions_is_refused_naming_the_choices():
     with pytest.raises(Exception, match="colour, shape, position, count"):
         load(question=[])
+
+
+def test_describe_asks_for_colour_kind_and_side_and_scores_each_third():
+    import asyncio
+
+    from grpokit.envs.shapes import fields_named
+
+    env = load(question="describe", num_tasks=12)
+    for ex in env.examples:
+        data = ex.task.data
+        assert ex.messages[0]["content"][1]["text"].startswith("Describe the shape in three words")
+        assert data.answer == f"{data.colour} {data.shape} {data.labels['side']}"
+    labels = {"colour": "red", "kind": "circle", "side": "left", "count": "one"}
+    assert fields_named("Red circle, left.", labels) == 1.0
+    assert fields_named("red circle", labels) == 2 / 3
+    assert fields_named("A red or blue circle on the left", labels) == 2 / 3  # two colours named: colour earns nothing
+    assert fields_named("blue square right", labels) == 0.0
+    task = env.examples[0].task
+    assert task.parse_answer("It is a RIGHT red circle") == "red circle right"
+    trace = type("Trace", (), {"last_reply": task.data.answer.upper()})()
+    assert asyncio.run(task.correct(trace)) == 1.0
+
+
+def test_describe_is_not_among_all_and_refuses_a_retry_game():
+    assert "describe" not in set(asked(load(question="all")))
+    with pytest.raises(Exception, match="tries: 1"):
+        load(question="describe", tries=2)

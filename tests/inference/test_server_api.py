@@ -196,7 +196,8 @@ def test_generate_returns_the_chat_routes_token_ids_and_logprobs(served):
         ({"token_ids": PROMPT_IDS, "sampling_params": {"stop_token_ids": 2}}, "stop_token_ids", "array of token ids"),
         ({"token_ids": PROMPT_IDS, "sampling_params": {"ignore_eos": True}}, "ignore_eos", "not supported"),
         ({"token_ids": PROMPT_IDS, "sampling_params": {"top_k": 20}}, "top_k", "not supported"),
-        ({"token_ids": PROMPT_IDS, "features": {"mm_hashes": {}}}, "features", "no multimodal inputs"),
+        ({"token_ids": PROMPT_IDS, "features": {"mm_hashes": {}}}, "features", "send the pictures as content_parts"),
+        ({"token_ids": PROMPT_IDS, "content_parts": [{"type": "image_url", "url": "x"}]}, "content_parts", "text-only"),
         ({"token_ids": PROMPT_IDS, "output_mode": "text"}, "output_mode", "returns no text"),
     ],
 )

@@ -16,6 +16,7 @@ from grpokit.inference.server.errors import RequestError
 from grpokit.inference.server.fields import RequestContext
 from grpokit.inference.server.limits import ServerLimits
 from grpokit.inference.server.requests import (
+    CONTENT_PART,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
@@ -167,7 +168,27 @@ def refusal(model, body: dict, context: RequestContext = CONTEXT) -> tuple[str, 
         (
             GenerateRequest,
             {"token_ids": [1], "features": {"x": 1}},
-            ("features: this server's model takes token ids only (no multimodal inputs)", "features", 400),
+            (
+                "features (vLLM's processed tensors, in its own msgpack per model) is not taken: send the pictures as "
+                f"content_parts ({CONTENT_PART}) with the token ids before expansion (renderers' "
+                "process_multimodal=False), and the server's processor makes the tensors",
+                "features",
+                400,
+            ),
+        ),
+        (
+            GenerateRequest,
+            {"token_ids": [1], "content_parts": {"type": "image_url"}},
+            (f"content_parts must be an array of image parts ({CONTENT_PART})", "content_parts", 400),
+        ),
+        (
+            GenerateRequest,
+            {"token_ids": [1], "content_parts": [{"type": "image_url", "url": "data:,"}, {"type": "video_url"}]},
+            (
+                f"content_parts[1] is of type 'video_url': only image parts ({CONTENT_PART}) are taken",
+                "content_parts",
+                400,
+            ),
         ),
     ],
 )

@@ -109,6 +109,34 @@ def generate_logprobs(token_ids: list[int], logprobs: list[float], tops: list[To
     return out
 
 
+def generate_answer(
+    request_id: str, model: str, prompt: list[int], group: list[Completion], k: int | None, return_prompt: bool
+) -> dict:
+    """vLLM's /inference/v1/generate answer for one prompt's completions (`k`: sampling_params.logprobs,
+    None for no logprobs), plus grpokit's `weight_step`; `return_prompt`: the prompt's ids as sampled."""
+    choices = [
+        {
+            "index": i,
+            "token_ids": c.token_ids,
+            "logprobs": (
+                {"content": generate_logprobs(c.token_ids, c.logprobs, c.top_logprobs, k)} if k is not None else None
+            ),
+            "finish_reason": finish_reason(c),
+        }
+        for i, c in enumerate(group)
+    ]
+    return {
+        "request_id": request_id,
+        "model": model,
+        "created": int(time.time()),
+        "choices": choices,
+        "usage": usage([prompt], [group]),
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt if return_prompt else None,
+        "weight_step": min(c.policy_step for c in group),
+    }
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

@@ -30,8 +30,9 @@ Where it departs from the OpenAI API:
   id is kept in `token_ids` and left out of the text, as in vLLM.
 - `stream: true` (chat and completions) sends server-sent events token by token as the engine decodes
   them (grpokit.inference.server.stream); a client that hangs up cancels its request on the engine.
-- `POST /inference/v1/generate` takes and returns token ids only, in the shape of vLLM's, as verifiers'
-  train client (renderers.client.generate) reads it: `token_ids`, `sampling_params` -> `request_id`,
+- `POST /inference/v1/generate` takes and returns token ids (with pictures: vLLM's `content_parts`, below),
+  in the shape of vLLM's, as verifiers' train client (renderers.client.generate) reads it: `token_ids`,
+  `sampling_params` -> `request_id`,
   `choices[].token_ids`, `.logprobs.content[i] = {token: "token_id:<id>", token_id, logprob, bytes: null,
   top_logprobs}`, `.finish_reason`, `usage`; so one client serves vLLM and grpokit alike. Sampling
   params grpokit cannot honour that change what is sampled are refused; vLLM's that only shape text
@@ -45,7 +46,8 @@ Where it departs from the OpenAI API:
   end before the stop string, as in OpenAI's API.
 - Images, on a vision-language model (grpokit.inference.server.images): chat image parts as `data:` URLs,
   rendered by the model's processor; `/v1/completions`' `vision` field carries token-id prompts' image
-  inputs (RemoteEngine); the model card's `images` says whether the server takes them.
+  inputs (RemoteEngine); `/inference/v1/generate` takes vLLM's `content_parts` (pictures beside the ids
+  before expansion); the model card's `images` says whether the server takes them.
 """
 
 from __future__ import annotations
@@ -57,8 +59,7 @@ from urllib.parse import parse_qsl
 
 from grpokit.broadcast import WeightBroadcast
 from grpokit.inference import InferenceEngine
-from grpokit.inference.server.answers import Answers, finish_reason, generate_logprobs
-from grpokit.inference.server.answers import usage as usage_of
+from grpokit.inference.server.answers import Answers, finish_reason, generate_answer
 from grpokit.inference.server.asgi import OpenAIServer
 from grpokit.inference.server.errors import RequestError
 from grpokit.inference.server.fields import RequestContext, unknown_model
@@ -265,42 +266,31 @@ class OpenAIApp:
     def generate(self, body: dict) -> OnEngine:
         """vLLM's token-in/token-out endpoint (`POST /inference/v1/generate`), as verifiers' train client
         (renderers.client.generate) calls it: `{token_ids, sampling_params, model?, request_id?,
-        return_token_ids?}` -> `{request_id, model, created, choices: [{index, token_ids, logprobs:
-        {content} | null, finish_reason}], usage, prompt_logprobs: null, prompt_token_ids}`, plus grpokit's
-        `weight_step`. No text on either side: each logprob names its token `token_id:<id>`."""
+        return_token_ids?, content_parts?}` -> `{request_id, model, created, choices: [{index, token_ids,
+        logprobs: {content} | null, finish_reason}], usage, prompt_logprobs: null, prompt_token_ids}`, plus
+        grpokit's `weight_step`. No text on either side: each logprob names its token `token_id:<id>`. With
+        `content_parts` (pictures), `token_ids` are the ids before expansion and the answer adds
+        `mm_placeholders` (grpokit.inference.server.images)."""
         request = GenerateRequest.parse(body, self.context)
         prompt, params, k = request.token_ids, request.sampling_params.params, request.sampling_params.logprobs
-        request_id, return_prompt = request.request_id or uuid.uuid4().hex, request.return_token_ids
+        request_id, return_prompt, sources = request.request_id or uuid.uuid4().hex, request.return_token_ids, None
         check_rows(1, params.n, self.limits.max_rows)
         self.budget.check_prompts([prompt], self.vocab_size, "token_ids")
         self.check_max_tokens(params.max_tokens)  # null: the rest of the context
         self.check_stop_token_ids(params.stop_token_ids)
+        if request.content_parts is not None:  # pictures, with the ids before expansion
+            self.images.check_request(params, "content_parts")
+            sources = request.content_parts
 
         def work(call: EngineCall) -> dict:
-            group = self.sampler.sample([prompt], params, "token_ids", call)[0]
-            choices = [
-                {
-                    "index": i,
-                    "token_ids": c.token_ids,
-                    "logprobs": (
-                        {"content": generate_logprobs(c.token_ids, c.logprobs, c.top_logprobs, k)}
-                        if k is not None
-                        else None
-                    ),
-                    "finish_reason": finish_reason(c),
-                }
-                for i, c in enumerate(group)
-            ]
-            return {
-                "request_id": request_id,
-                "model": self.model_name,
-                "created": int(time.time()),
-                "choices": choices,
-                "usage": usage_of([prompt], [group]),
-                "prompt_logprobs": None,
-                "prompt_token_ids": prompt if return_prompt else None,
-                "weight_step": min(c.policy_step for c in group),
-            }
+            ids, vision, spans = prompt, None, None
+            if sources is not None:  # placeholders expanded by the model's processor
+                ids, vision, spans = self.images.expand(prompt, sources)
+            group = self.sampler.sample([ids], params, "token_ids", call, None, vision)[0]
+            answer = generate_answer(request_id, self.model_name, ids, group, k, return_prompt)
+            if spans is not None:
+                answer["mm_placeholders"] = {"image": [{"offset": at, "length": n} for at, n in spans]}
+            return answer
 
         return OnEngine(work)
 

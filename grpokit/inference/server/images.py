@@ -1,5 +1,6 @@
-"""Prompts with images on `grpokit infer`: chat image parts rendered with the model's processor, and token-id
-prompts sent with their image inputs (RemoteEngine), both sampled on the builtin engine's image path.
+"""Prompts with images on `grpokit infer`: chat image parts rendered with the model's processor, token-id
+prompts sent with their image inputs (RemoteEngine) or with their pictures (vLLM's token-in route), all
+sampled on the builtin engine's image path.
 
 - `POST /v1/chat/completions`: a message's content may hold image parts, `{"type": "image_url",
   "image_url": {"url": "data:image/png;base64,..."}}` or `{"type": "image", "image" | "url": "data:..."}`.
@@ -14,6 +15,15 @@ prompts sent with their image inputs (RemoteEngine), both sampled on the builtin
   pixel budget, a resize), so the server samples exactly the prompt the trainer sees, and safetensors
   carries tensors only (no pickle). One `vision` serves every prompt of the request (a group's prompt,
   or its continuations: each its prompt plus the tokens so far).
+- `POST /inference/v1/generate` with `content_parts`, vLLM's shape for pictures on its token-in route (what
+  renderers.client.generate sends with process_multimodal=False, and grpokit's VLLMEngine too):
+  `token_ids` before expansion, one image placeholder token per picture, and the pictures as
+  `{"type": "image_url", "url": "data:..."}` in order. Each placeholder token is replaced by the ids the
+  processor makes of its picture (grpokit.vision.render.expand_image_ids; the other ids stay as sent), and
+  the answer gives the expanded `prompt_token_ids` and each picture's `mm_placeholders` range, as vLLM's
+  does. vLLM's other multimodal field, `features` (its processed tensors, in vLLM's own msgpack per
+  model), is refused naming content_parts: decoding it would need vLLM, and it leaves out the placeholder
+  masks Idefics3 needs.
 
 Sampling: each prompt's n rows by grpokit.inference.image_rows.sample_image_group (prefilled alone with
 its image inputs and the model's own positions, decoded by the plain sampler; the in-process engine's
@@ -23,7 +33,8 @@ an update cannot cut such a request: it ends on the weights it began with); no t
 
 Refused with a 400 naming the fix: images for a text-only model, or for an engine that cannot sample them
 (BuiltinEngine's fast path); a `vision` whose tensors are not the model's image inputs, or that do not
-match the prompt's image placeholders. `GET /v1/models` says whether the server takes images (`images`
+match the prompt's image placeholders; `content_parts` whose pictures cannot be read, or that are not one
+per placeholder token in `token_ids`. `GET /v1/models` says whether the server takes images (`images`
 in the model card), which RemoteEngine asks before it sends any.
 """
 
@@ -104,13 +115,22 @@ class ServedImages:
             raise RequestError("chat_template_kwargs are not taken with images (the processor's template)", "messages")
         try:
             shaped, sources = split_images(messages)
-            if bad := [s for s in sources if not (isinstance(s, str) and s.startswith("data:"))]:
-                raise ImageError(f"image {str(bad[0])[:60]!r} is not a data: URL (the server reads no files or URLs)")
-            images = [load_image(source) for source in sources]
-            rendered = render_prompt(self.processor(), shaped, images)
+            rendered = render_prompt(self.processor(), shaped, pictures(sources))
         except (ValueError, OSError, Image.DecompressionBombError) as e:  # ImageError, or the processor refusing one
             raise RequestError(f"the image parts cannot be used: {e}", "messages") from None
         return rendered.prompt_ids, rendered.vision
+
+    def expand(self, template_ids: list[int], sources: list) -> tuple[list[int], VisionInputs, list[tuple[int, int]]]:
+        """(prompt ids, image inputs, each image's placeholder range) of `/inference/v1/generate`'s ids before
+        expansion and its `content_parts` sources, by the model's processor (on the engine thread); a
+        RequestError (400) naming content_parts for an image it cannot use or placeholders that do not fit."""
+        from grpokit.vision.render import expand_image_ids
+
+        try:
+            rendered, spans = expand_image_ids(self.processor(), template_ids, pictures(sources))
+        except (ValueError, OSError, Image.DecompressionBombError) as e:
+            raise RequestError(f"the content_parts cannot be used with these token_ids: {e}", "content_parts") from None
+        return rendered.prompt_ids, rendered.vision, spans
 
     def inputs(self, text: str, param: str = "vision") -> VisionInputs:
         """A completions request's `vision` as VisionInputs, its tensors checked to be the model's image inputs."""
@@ -161,3 +181,11 @@ class ServedImages:
         """A prompt's completions to a streamed answer, whole (a placeholder that ended a row was dropped)."""
         if options.on_tokens is not None:
             options.on_tokens([NewTokens(first + j, c.token_ids, c.logprobs) for j, c in enumerate(group)])
+
+
+def pictures(sources: list) -> list[Image.Image]:
+    """Image sources a client sent, as RGB images: `data:` URLs only (the server opens no file and fetches no
+    URL for a client); an ImageError for any other source or an unreadable image."""
+    if bad := [s for s in sources if not (isinstance(s, str) and s.startswith("data:"))]:
+        raise ImageError(f"image {str(bad[0])[:60]!r} is not a data: URL (the server reads no files or URLs)")
+    return [load_image(source) for source in sources]

@@ -38,6 +38,8 @@ from grpokit.inference.server.fields import (
     within_top_logprobs,
 )
 from grpokit.inference.server.limits import ServerLimits
+from grpokit.vision.images import ImageError
+from grpokit.vision.messages import image_source, is_image_part
 
 IMAGE_PART = '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}'
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -252,21 +254,49 @@ class GenerateSampling(SamplingFields, GenerateSamplingFields):
         return self.sampling(k is not None, k if k is not None and k >= 2 else 0)
 
 
-def text_only(value: Any, info: ValidationInfo) -> Any:
-    if value:
-        raise refused(f"{info.field_name}: this server's model takes token ids only (no multimodal inputs)")
+CONTENT_PART = '{"type": "image_url", "url": "data:image/png;base64,..."}'
+
+
+def content_images(parts: Any) -> list[Any] | None:
+    """`content_parts` (vLLM's pictures beside token ids before expansion) as the images' sources in order
+    (None: none). Image parts only: another kind (audio, video, text) would not reach the model, so it is
+    refused naming its index. Whether a source can be read is the engine thread's check (.images)."""
+    if parts is None or parts == []:
+        return None
+    if not isinstance(parts, list):
+        raise refused(f"content_parts must be an array of image parts ({CONTENT_PART})")
+    sources = []
+    for i, part in enumerate(parts):
+        if not (isinstance(part, dict) and is_image_part(part)):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise refused(f"content_parts[{i}] is of type {kind!r}: only image parts ({CONTENT_PART}) are taken")
+        try:
+            sources.append(image_source(part))
+        except ImageError as e:
+            raise refused(f"content_parts[{i}]: {e}") from None
+    return sources
+
+
+def no_features(value: Any) -> Any:
+    if value is not None:
+        raise refused(
+            "features (vLLM's processed tensors, in its own msgpack per model) is not taken: send the pictures "
+            f"as content_parts ({CONTENT_PART}) with the token ids before expansion (renderers' "
+            "process_multimodal=False), and the server's processor makes the tensors"
+        )
     return value
 
 
 class GenerateRequest(Body):
-    """A POST /inference/v1/generate body: vLLM's token-in/token-out endpoint."""
+    """A POST /inference/v1/generate body: vLLM's token-in/token-out endpoint; with images, the ids before
+    expansion and `content_parts`, vLLM's shape for pictures there (grpokit.inference.server.images)."""
 
     token_ids: Annotated[TokenIds, otherwise("token_ids must be a non-empty array of token ids")] = Field(
         None, validate_default=True
     )
     stream: bool = False
-    features: Annotated[Any, AfterValidator(text_only)] = None  # multimodal inputs: grpokit's engines are text-only
-    content_parts: Annotated[Any, AfterValidator(text_only)] = None
+    features: Annotated[Any, AfterValidator(no_features)] = None
+    content_parts: Annotated[Any, AfterValidator(content_images)] = None  # the images' sources, in order
     output_mode: str = "tokens"
     priority: int = 0  # vLLM's scheduling priority: one FIFO queue here, so only its type counts
     cache_salt: str | None = None  # no prefix cache to salt
