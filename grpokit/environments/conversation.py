@@ -238,7 +238,7 @@ def as_env_turn(answer: Any, conv: Conversation) -> EnvTurn:
             f"{type(answer).__name__}; return an EnvTurn, a list of messages, or None to end the rollout"
         )
     for m in turn.messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not _is_content(m.get("content")):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not is_turn_content(m.get("content")):
             raise TypeError(
                 f"environment {conv.env.name!r} example {conv.example.index}: respond() returned the message "
                 f"{m!r:.200}; a message is a dict with str 'role' and 'content' a str, or a list of text and "
@@ -367,9 +367,10 @@ def masked_if_nonfinite(
     return [0.0] * len(logprobs), [0] * len(logprobs), {**metrics, NONFINITE_LOGPROBS: 1.0}
 
 
-def _is_content(content: Any) -> bool:
+def is_turn_content(content: Any) -> bool:
     """A message content the environment's turn can render: a str, or a list of part dicts holding an image
-    (grpokit.environments.image_turns; the processor renders it, so a list of text parts alone is not)."""
+    (grpokit.environments.image_turns; the processor renders it, so a list of text parts alone is not).
+    `respond`'s messages and an Env episode's `turn()` messages (grpokit.environments.episodes) are held to it."""
     if isinstance(content, str):
         return True
     parts = isinstance(content, list) and all(isinstance(p, dict) for p in content)

@@ -26,14 +26,16 @@ task's rubric (`task.score`); then the Env's `finalize(task, episode)` sees ever
 more rewards and metrics. The trained trace gives the rollout's reward, checked as every reward is.
 
 Images: a role whose first messages hold image parts (the task's prompt, e.g. a taskset of pictures) has
-its prompt rendered by the policy's processor (grpokit.environments.image_turns.ImageTurns.render_prompt,
-within data.pixel_budget), as a first prompt with images is (grpokit.orchestrator.image_prompts); its later
-turns (text) are appended after it, every reply is sampled with its pictures (the request's `vision`), and
-the trained role's rollout carries them to the trainer. The messages an Env's code sends with `turn()` are
-text: a picture there is refused naming the role.
+its prompt rendered by the policy's processor (image_turns.ImageTurns.render_prompt), as the driver renders
+one (grpokit.orchestrator.image_prompts). A later `turn()` message may hold image parts (`image_url`,
+`image`: grpokit.vision.messages), even after a text prompt: rendered as grpokit's own loop renders
+`respond`'s and tools' pictures (image_turns.render_turn: the processor's suffix after the reply, mask 0),
+they join the role's conv.vision, so every later reply is sampled with every picture so far and the trained
+rollout carries them to the trainer. data.pixel_budget holds (max_images counts the role's pictures); a
+text-only policy, or a picture that cannot be used, stops the run naming environment, example and role.
 
 Not provided: tools inside an episode (a segment is one reply), `Interaction.send` and `steer`, more
-than one trainable role, pictures sent by `turn()`; each is an error naming the environment when used.
+than one trainable role; each is an error naming the environment when used.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.environments.chat_tokens import ChatTokens
-from grpokit.environments.conversation import Conversation, over_budget
+from grpokit.environments.conversation import Conversation, is_turn_content, over_budget
 from grpokit.environments.environment import make_chat_trace, prompt_messages
 from grpokit.environments.finish import record_finish_reasons
+from grpokit.environments.image_turns import TURN_PICTURE, render_turn
+from grpokit.environments.tool_images import portable_parts
 from grpokit.environments.workers import ToolPool
-from grpokit.vision.messages import has_images
+from grpokit.vision.messages import has_images, split_images
 
 SETTLE_TIMEOUT = 300.0  # seconds an episode's own code may run between two turns
 BLOCKED_GRACE = 10.0  # past SETTLE_TIMEOUT: the event loop itself is blocked by a synchronous call
@@ -120,7 +124,7 @@ class Role:
             self.over, self.conv.is_truncated = True, completion.is_truncated
         return Segment(messages=[_vf().AssistantMessage(content=text)])
 
-    def _extend(self, new: list[dict[str, str]]) -> bool:
+    def _extend(self, new: list[dict[str, Any]]) -> bool:
         """Add the turn's messages (and their tokens) to the conversation, or end it at the budget."""
         limits, chat = self.episode.limits, self.episode.chat
         budget = limits.budget if self.agent.trainable else limits.context
@@ -140,11 +144,12 @@ class Role:
         if over_budget(self.conv, chat, new, room):  # too long to fit, told before rendering: logged, counted
             self.over = self.conv.is_truncated = True
             return False
-        env_ids = chat.after_completion(self._last_reply, new)
+        images, held = self.episode.images, len(split_images(self.conv.messages)[1])  # its pictures so far
+        env_ids, vision, count = render_turn(images, self._where(), chat, self._last_reply, new, held, TURN_PICTURE)
         if len(env_ids) > room:
             self.over = self.conv.is_truncated = True
             return False
-        self.conv.add_environment(env_ids, new)
+        self.conv.add_environment(env_ids, new, vision, count)  # its pictures join the role's conv.vision
         return True
 
     def _prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -158,19 +163,21 @@ class Role:
         ids, self.conv.vision = images.render_prompt(self._where(), messages)
         return ids
 
-    def _messages(self, message: Any) -> list[dict[str, str]]:
+    def _messages(self, message: Any) -> list[dict[str, Any]]:
+        """The turn's messages as dicts; a content is a str, or text and image parts holding an image (one
+        held as a PIL image or bytes becomes a PNG data: URL part, so the chat stays JSON, as respond's)."""
         if message is None:
             return []
         items = [{"role": "user", "content": message}] if isinstance(message, str) else list(message)
         out = []
         for m in items:
             m = m if isinstance(m, dict) else m.model_dump(exclude_none=True)
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            if not isinstance(m.get("role"), str) or not is_turn_content(m.get("content")):
                 raise TypeError(
-                    f"{self._where()}: turn() got the message {m!r:.200}; give str role and content (pictures "
-                    "go in the task's prompt: docs/vision.md)"
+                    f"{self._where()}: turn() got the message {m!r:.200}; give a str role and a str content, or a "
+                    "list of text and image parts holding an image (docs/vision.md)"
                 )
-            out.append({"role": m["role"], "content": m["content"]})
+            out.append({"role": m["role"], "content": portable_parts(m["content"], self._where())})
         return out
 
     async def send(self, *args, **kwargs):

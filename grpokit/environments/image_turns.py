@@ -23,7 +23,11 @@ message, a tool's pictures go in a `user` message right after its text (tool_ima
 
 `render_prompt` renders a whole first prompt with images, for a verifiers Env episode's role, whose
 prompt the episode makes (grpokit.environments.episodes), as grpokit.orchestrator.image_prompts renders
-the prompts the driver plays.
+the prompts the driver plays. `render_turn` is every later turn's one way in (text by the tokenizer's
+template, pictures by `ImageTurns.render`): `respond`'s and tools' (grpokit.environments.multi_turn) and
+the messages an Env episode's code sends with `turn()` (episodes.py: refused as TURN_PICTURE, naming the
+role), so an episode's later pictures are rendered, budgeted and joined to the role's image inputs exactly
+as the multi-turn loop's are.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from grpokit.environments.chat_tokens import PROBE_CHAT, ChatTokens
 from grpokit.environments.tool_images import image_turn_source, pictures_after_tools, shows_tool_pictures
 from grpokit.vision.images import ImageError, PixelBudget
 from grpokit.vision.inputs import VisionInputs
-from grpokit.vision.messages import check_image_count, prompt_images
+from grpokit.vision.messages import check_image_count, has_images, prompt_images
 from grpokit.vision.render import check_vision_model, load_processor, render_continuation, render_prompt
 
 log = logging.getLogger(__name__)
+TURN_PICTURE = "turn() sent a message with images"  # what brought an Env episode's later-turn pictures
 
 
 class ImageTurns:
@@ -60,13 +65,14 @@ class ImageTurns:
         return self._processor
 
     def render(
-        self, where: str, chat: ChatTokens, completion_ids: list[int], messages: list[dict[str, Any]], held: int
+        self, where: str, chat: ChatTokens, completion_ids: list[int], messages: list[dict], held: int, source: str = ""
     ) -> tuple[list[int], VisionInputs, int]:
         """(the ids that follow a finished completion: the rest of its closing, the `messages` with their
         images expanded, the next assistant header; the turn's image inputs; its number of images).
-        `held`: images the conversation holds already; `where` names the environment and example. The
-        turn's image inputs keep its pictures and its ids before expansion (ImageSource), for vLLM."""
-        processor = self.processor(where, image_turn_source(messages))
+        `held`: images the conversation holds already; `where` names the environment and example; `source`:
+        what brought the images, for a text-only policy's refusal (else told from the messages: `respond`, a
+        tool). The turn's image inputs keep its pictures and its ids before expansion (ImageSource), for vLLM."""
+        processor = self.processor(where, source or image_turn_source(messages))
         shaped, images = prompt_images(messages, self.budget, where)
         check_image_count(held + len(images), self.budget, where, "a later turn brings the conversation to ")
         try:
@@ -103,3 +109,20 @@ class ImageTurns:
                     self.tokenizer.name_or_path,
                 )
         return shaped if self.tool_pictures else pictures_after_tools(shaped)
+
+
+def render_turn(
+    images: ImageTurns | None, where: str, chat: ChatTokens, ids: list[int], messages: list, held: int, source: str = ""
+) -> tuple[list[int], VisionInputs | None, int]:
+    """(an environment turn's ids after a finished completion's `ids`, its image inputs or None, its number
+    of images): the tokenizer's template for text (ChatTokens.after_completion), the processor for messages with
+    images (`images`: ImageTurns.render, `held` the images the conversation holds already). The one path of
+    every later turn: `respond`'s and a tool's (grpokit.environments.multi_turn), an Env episode's `turn()`
+    (grpokit.environments.episodes). `images` None: a caller that cannot render pictures, refused naming
+    `where` and `source` (what brought them; else told from the messages)."""
+    if not has_images(messages):
+        return chat.after_completion(ids, messages), None, 0
+    source = source or image_turn_source(messages)
+    if images is None:
+        raise ValueError(f"{where}: {source}, which this caller cannot render")
+    return images.render(where, chat, ids, messages, held, source)

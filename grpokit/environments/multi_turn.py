@@ -21,9 +21,8 @@ from __future__ import annotations
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, environment_turn, masked_if_nonfinite, over_budget
 from grpokit.environments.finish import masked_if_aborted
-from grpokit.environments.tool_images import image_turn_source
+from grpokit.environments.image_turns import render_turn
 from grpokit.types import Rollout
-from grpokit.vision.messages import has_images
 
 SEED_STRIDE = 1_000_033  # turn t of a step samples with seed * SEED_STRIDE + t (t = 0: the step's own seed)
 
@@ -48,22 +47,12 @@ def take_turn(
     if over_budget(conv, chat, answer.messages, room):  # too long to fit, told before rendering it: logged
         conv.done = conv.is_truncated = True
         return
-    env_ids, vision, count = _render(conv, completion.token_ids, answer.messages, chat, images)
+    where = f"environment {conv.env.name!r} example {conv.example.index}"
+    env_ids, vision, count = render_turn(images, where, chat, completion.token_ids, answer.messages, conv.images_held)
     if len(env_ids) > room:  # the next turn might not fit: end at this boundary
         conv.done = conv.is_truncated = True
         return
     conv.add_environment(env_ids, answer.messages, vision, count)
-
-
-def _render(conv: Conversation, completion_ids: list[int], messages: list, chat: ChatTokens, images) -> tuple:
-    """(the environment turn's ids, its image inputs or None, its number of images): the tokenizer's
-    template for text, the processor for messages with images (`respond`'s, or a tool's picture)."""
-    if not has_images(messages):
-        return chat.after_completion(completion_ids, messages), None, 0
-    where = f"environment {conv.env.name!r} example {conv.example.index}"
-    if images is None:
-        raise ValueError(f"{where}: {image_turn_source(messages)}, which this caller cannot render")
-    return images.render(where, chat, completion_ids, messages, conv.images_held)
 
 
 def conversation_rollouts(

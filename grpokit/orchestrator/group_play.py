@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, is_multi_turn
 from grpokit.environments.episodes import Episode, EpisodeLimits, EpisodeTable, Role
-from grpokit.environments.image_turns import ImageTurns
+from grpokit.environments.image_turns import TURN_PICTURE, ImageTurns
 from grpokit.environments.multi_turn import SEED_STRIDE, conversation_rollouts, take_turn
 from grpokit.environments.tool_images import image_turn_source
 from grpokit.environments.toolsets import close_toolsets
@@ -217,7 +217,9 @@ class GroupPlay:
         for role in self.episodes.settle(state.episodes):
             if role.waiting not in state.asked:
                 state.asked.add(role.waiting)
-                if role.conv.vision is not None and not self.stream.takes_images:
+                if role.conv.later_images:  # a turn() message brought pictures
+                    self._check_later_images(role.conv, TURN_PICTURE)
+                elif role.conv.vision is not None and not self.stream.takes_images:
                     raise ValueError(
                         f"environment {role.conv.env.name!r} example {role.conv.example.index}: an episode's prompt "
                         f"holds images, which {type(self.engine).__name__} cannot sample yet: use inference "
@@ -240,14 +242,15 @@ class GroupPlay:
             self._check_later_images(conv)
         self.stream.submit(GroupRequest(_Turn(state, conv), ids, 1, seed, vision=conv.vision))
 
-    def _check_later_images(self, conv: Conversation) -> None:
-        """A conversation whose environment's turn (`respond`, a tool) added images goes on only on an engine
-        that samples them (`later_turn_images`: BuiltinEngine's plain path, RemoteEngine in front of
-        `grpokit infer`, VLLMEngine); BuiltinEngine's fast path is refused."""
+    def _check_later_images(self, conv: Conversation, source: str | None = None) -> None:
+        """A conversation whose environment's turn (`respond`, a tool, an Env episode's `turn()`: `source`)
+        added images goes on only on an engine that samples them (`later_turn_images`: BuiltinEngine's plain
+        path, RemoteEngine in front of `grpokit infer`, VLLMEngine); BuiltinEngine's fast path is refused."""
         if self.stream.takes_images and getattr(self.engine, "later_turn_images", False):
             return
+        source = source or image_turn_source(conv.messages)
         raise ValueError(
-            f"environment {conv.env.name!r} example {conv.example.index}: {image_turn_source(conv.messages)}, "
+            f"environment {conv.env.name!r} example {conv.example.index}: {source}, "
             f"which {type(self.engine).__name__} cannot sample in a later turn yet: use inference "
             "BuiltinEngine with fast: off, RemoteEngine in front of `grpokit infer`, or VLLMEngine; or put the "
             "pictures in the first prompt (docs/vision.md)"
