@@ -4,7 +4,8 @@ A verifiers v1 taskset whose pictures are drawn in code with PIL (seeded), so it
 filled circle, square or triangle of one of six colours, at a random place and size, on a plain light
 background; the questions ask its colour, its kind, which half of the picture it is in (left or right),
 or how many shapes there are (one to three of the same kind and colour, smaller, not overlapping), each
-in one word; or, "describe", all three of its colour, kind and side at once: a structured summary.
+in one word; "verify", whether it is of a colour, a kind or on a side the question names (yes or no,
+true half the time); or, "describe", all three of its colour, kind and side at once: a structured summary.
 Each prompt is a user message with the picture as an image part (a PNG `data:` URL, as an OpenAI-style
 `image_url` content part) and the question; grpokit renders it with the model's processor
 (grpokit.orchestrator.image_prompts), so the policy must be a vision-language model (docs/vision.md).
@@ -16,7 +17,7 @@ holds the picture's `labels` (colour, kind, count, and side when the shape is wh
 `grpokit pretrain-vision` learns from.
 
 Args (recipe `data.env: [{id: shapes, args: {...}}]`): num_tasks, seed, size (the picture's width and
-height in pixels), question ("colour", "shape", "position", "count", "describe"; "mixed": colour or
+height in pixels), question ("colour", "shape", "position", "count", "verify", "describe"; "mixed": colour or
 shape at random; "all": any of the four one-word questions at random; a list, e.g. [colour, position,
 count]: any of those at random, so a question can be held out of a stage), tries (above 1: a multi-turn
 game, a wrong answer is told "No, look again." and asked again, up to `tries` answers; the reward is the
@@ -59,7 +60,7 @@ DESCRIBE = (
 )
 COUNTS = ("one", "two", "three")
 SIDES = ("left", "right")
-Question = Literal["colour", "shape", "position", "count", "describe"]
+Question = Literal["colour", "shape", "position", "count", "describe", "verify"]
 
 
 def draw_shape(shape: str, colour: str, size: int, rng: random.Random) -> Image.Image:
@@ -181,13 +182,28 @@ def ask_one(question: str | list[str], rng: random.Random) -> str:
 def draw_for(asks: str, shape: str, colour: str, size: int, rng: random.Random) -> tuple[Image.Image, str, dict]:
     """The picture for question `asks`, its answer, and its labels (what it shows)."""
     labels = {"colour": colour, "kind": shape, "count": "one"}
-    if asks in ("position", "describe"):
+    if asks in ("position", "describe", "verify"):
         image, labels["side"] = draw_beside(shape, colour, size, rng)
         return image, labels["side"] if asks == "position" else f"{colour} {shape} {labels['side']}", labels
     if asks == "count":
         image, labels["count"] = draw_several(shape, colour, size, rng)
         return image, labels["count"], labels
     return draw_shape(shape, colour, size, rng), colour if asks == "colour" else shape, labels
+
+
+def verify_question(labels: dict[str, str], rng: random.Random) -> tuple[str, str]:
+    """A yes-or-no question about one of the picture's colour, kind or side (which, at random), naming its
+    label or another value with even odds, and its answer: "Is the shape red?" -> "yes" for a red shape."""
+    field = rng.choice(["colour", "kind", "side"])
+    values = {"colour": sorted(COLOURS), "kind": list(SHAPES), "side": list(SIDES)}[field]
+    true = rng.random() < 0.5
+    named = labels[field] if true else rng.choice([v for v in values if v != labels[field]])
+    text = {
+        "colour": f"Is the shape {named}?",
+        "kind": f"Is the shape a {named}?",
+        "side": f"Is the shape on the {named}?",
+    }
+    return f"{text[field]} Answer yes or no.", "yes" if true else "no"
 
 
 class ShapesConfig(vf.TasksetConfig):
@@ -206,10 +222,10 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
             shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
             asks = ask_one(config.question, rng)
             image, answer, labels = draw_for(asks, shape, colour, config.size, rng)
-            content = [
-                {"type": "image_url", "image_url": {"url": to_data_url(image)}},
-                {"type": "text", "text": {**QUESTIONS, **MORE_QUESTIONS, "describe": DESCRIBE}[asks]},
-            ]
+            text = {**QUESTIONS, **MORE_QUESTIONS, "describe": DESCRIBE}.get(asks)
+            if asks == "verify":
+                text, answer = verify_question(labels, rng)
+            content = [{"type": "image_url", "image_url": {"url": to_data_url(image)}}, {"type": "text", "text": text}]
             data = ShapesData(
                 prompt=[{"role": "user", "content": content}],
                 answer=answer,

@@ -8,6 +8,11 @@ import pytest
 from grpokit.environments.environment import Environment, EnvSpec
 
 FIRST_WORD = {"What": "colour", "Which": "shape", "Is": "position", "How": "count"}
+VALUES = {
+    "colour": {"red", "green", "blue", "yellow", "purple", "orange"},
+    "kind": {"circle", "square", "triangle"},
+    "side": {"left", "right"},
+}
 
 
 def load(**args) -> Environment:
@@ -61,7 +66,20 @@ def test_describe_asks_for_colour_kind_and_side_and_scores_each_third():
     assert asyncio.run(task.correct(trace)) == 1.0
 
 
-def test_describe_is_not_among_all_and_refuses_a_retry_game():
-    assert "describe" not in set(asked(load(question="all")))
+def test_verify_asks_yes_or_no_about_colour_kind_or_side_true_half_the_time():
+    env = load(question="verify", num_tasks=200)
+    kinds, answers = collections.Counter(), collections.Counter()
+    for ex in env.examples:
+        data, text = ex.task.data, ex.messages[0]["content"][1]["text"]
+        named = text.split("?")[0].split()[-1]
+        field = next(f for f, values in VALUES.items() if named in values)
+        assert text.endswith("Answer yes or no.") and data.answer == ("yes" if data.labels[field] == named else "no")
+        kinds[field] += 1
+        answers[data.answer] += 1
+    assert min(kinds.values()) > 40 and min(answers.values()) > 70, (kinds, answers)
+
+
+def test_describe_and_verify_are_not_among_all_and_describe_refuses_a_retry_game():
+    assert set(asked(load(question="all"))) == {"colour", "shape", "position", "count"}
     with pytest.raises(Exception, match="tries: 1"):
         load(question="describe", tries=2)
