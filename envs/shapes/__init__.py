@@ -21,7 +21,8 @@ height in pixels), question ("colour", "shape", "position", "count", "verify", "
 shape at random; "all": any of the four one-word questions at random; a list, e.g. [colour, position,
 count]: any of those at random, so a question can be held out of a stage), tries (above 1: a multi-turn
 game, a wrong answer is told "No, look again." and asked again, up to `tries` answers; the reward is the
-last answer's, each turn's reward 1.0 when right; one-word questions only).
+last answer's, each turn's reward 1.0 when right; one-word questions only), verify_about (the fields
+`verify` asks about, default [colour, kind, side]: [colour, side] holds kind out of a stage).
 """
 
 from __future__ import annotations
@@ -191,10 +192,11 @@ def draw_for(asks: str, shape: str, colour: str, size: int, rng: random.Random) 
     return draw_shape(shape, colour, size, rng), colour if asks == "colour" else shape, labels
 
 
-def verify_question(labels: dict[str, str], rng: random.Random) -> tuple[str, str]:
-    """A yes-or-no question about one of the picture's colour, kind or side (which, at random), naming its
-    label or another value with even odds, and its answer: "Is the shape red?" -> "yes" for a red shape."""
-    field = rng.choice(["colour", "kind", "side"])
+def verify_question(labels: dict[str, str], about: list[str], rng: random.Random) -> tuple[str, str]:
+    """A yes-or-no question about one of the picture's `about` fields (colour, kind, side; which, at random),
+    naming its label or another value with even odds, and its answer: "Is the shape red?" -> "yes" for a
+    red shape."""
+    field = rng.choice(sorted(set(about)))
     values = {"colour": sorted(COLOURS), "kind": list(SHAPES), "side": list(SIDES)}[field]
     true = rng.random() < 0.5
     named = labels[field] if true else rng.choice([v for v in values if v != labels[field]])
@@ -212,6 +214,7 @@ class ShapesConfig(vf.TasksetConfig):
     size: int = 56
     question: Question | Literal["mixed", "all"] | list[Question] = "colour"
     tries: int = 1
+    verify_about: list[Literal["colour", "kind", "side"]] = ["colour", "kind", "side"]
 
 
 class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
@@ -224,7 +227,7 @@ class ShapesTaskset(vf.Taskset[ShapesTask, ShapesConfig]):
             image, answer, labels = draw_for(asks, shape, colour, config.size, rng)
             text = {**QUESTIONS, **MORE_QUESTIONS, "describe": DESCRIBE}.get(asks)
             if asks == "verify":
-                text, answer = verify_question(labels, rng)
+                text, answer = verify_question(labels, config.verify_about, rng)
             content = [{"type": "image_url", "image_url": {"url": to_data_url(image)}}, {"type": "text", "text": text}]
             data = ShapesData(
                 prompt=[{"role": "user", "content": content}],

@@ -77,6 +77,9 @@ def test_verify_asks_yes_or_no_about_colour_kind_or_side_true_half_the_time():
         kinds[field] += 1
         answers[data.answer] += 1
     assert min(kinds.values()) > 40 and min(answers.values()) > 70, (kinds, answers)
+    held_out = load(question="verify", num_tasks=60, verify_about=["colour", "side"])
+    named = {ex.messages[0]["content"][1]["text"].split("?")[0].split()[-1] for ex in held_out.examples}
+    assert named and not named & VALUES["kind"], named
 
 
 def test_describe_and_verify_are_not_among_all_and_describe_refuses_a_retry_game():
