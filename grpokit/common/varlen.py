@@ -4,9 +4,10 @@ Packing puts several sequences in one row. The dense alternative (grpokit.common
 builds a [T, T] block-diagonal mask, which costs T^2 memory and sends SDPA to a kernel that reads the
 whole mask. Here attention runs per sequence from cumulative lengths (cu_seqlens), the layout flash
 attention's varlen kernels take: on CUDA `torch.nn.attention.varlen.varlen_attn` (FlashAttention in
-torch, no extra package), on CPU a loop of causal SDPA calls per sequence (exact, for tests and small
-runs). transformers passes `cu_seq_lens_q/k` and `max_length_q/k` keyword arguments through its
-decoder layers to the attention function; no mask is built for a custom backend.
+torch, no extra package), on CPU, and on CUDA in float32 (which FlashAttention refuses), a loop of causal
+SDPA calls per sequence (exact, for tests and small runs). transformers passes `cu_seq_lens_q/k` and
+`max_length_q/k` keyword arguments through its decoder layers to the attention function; no mask is built
+for a custom backend.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from grpokit.common.models import unwrap_peft
 
 NAME = "grpokit_varlen"
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # what the CUDA varlen (flash) kernel takes
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -32,7 +34,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     max_len = int(kwargs.get("max_length_q"))
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
     gqa = q.shape[1] != k.shape[1]
-    if q.is_cuda:
+    if q.is_cuda and q.dtype in FLASH_DTYPES:
         out = _cuda_varlen(q, k, v, cu_seqlens, max_len, scaling, gqa)
     else:
         out = torch.empty_like(q)

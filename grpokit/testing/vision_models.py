@@ -116,8 +116,10 @@ def _save(model_class, config, processor, path, seed: int, processor_class: str)
     """A random `model_class(config)` and `processor` saved to `path`; the processor config names the
     family's own processor class (the one AutoProcessor builds where torchvision is installed)."""
     torch.manual_seed(seed)
+    from grpokit.vision.render import save_processor
+
     model_class(config).save_pretrained(path)
-    processor.save_pretrained(path)
+    save_processor(processor, path)
     config_file = Path(path) / "processor_config.json"
     saved = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**saved, "processor_class": processor_class}, indent=2) + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 from PIL import Image
 
@@ -205,4 +206,19 @@ def save_tokenizer(name: str, folder) -> None:
     load_tokenizer(name).save_pretrained(folder)
     path = resolve_model(name)
     if is_vision_language(AutoConfig.from_pretrained(path)):
-        load_processor(path).save_pretrained(folder)
+        save_processor(load_processor(path), folder)
+
+
+def save_processor(processor, folder) -> None:
+    """`processor.save_pretrained(folder)`, loadable where torchvision is installed as well as where it is not.
+
+    A processor built without its video part (load_processor on a machine without torchvision) saves no
+    video processor settings, and transformers, given torchvision, then refuses to build the processor
+    from the folder ("Can't load video processor"). Its image processor's settings are therefore also
+    written as the legacy preprocessor_config.json, from which transformers builds the video part, as it
+    does for the Qwen2.5-VL checkpoints on the hub (harmless for a family without a video part: the
+    nested processor_config.json comes first).
+    """
+    processor.save_pretrained(folder)
+    if getattr(processor, "image_processor", None) is not None and getattr(processor, "video_processor", None) is None:
+        processor.image_processor.to_json_file(str(Path(folder) / "preprocessor_config.json"))

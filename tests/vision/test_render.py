@@ -59,3 +59,22 @@ def test_keep_source_holds_the_pictures_and_the_ids_before_expansion(vl_family):
     assert source.template_ids[-4:] == rendered.prompt_ids[-4:] and source.template_ids[:2] == rendered.prompt_ids[:2]
     assert render_prompt(processor, [{"role": "user", "content": content}], images).vision.source is None
     assert VisionInputs.from_tensors(*rendered.vision.to_tensors()).source is None
+
+
+def test_a_saved_processor_without_its_video_part_still_names_video_settings(vl_family, tmp_path):
+    """Where torchvision is missing, load_processor builds Qwen2.5-VL's processor without its video part;
+    saved as is, a machine with torchvision could not load the folder ("Can't load video processor": the
+    H200 check of 2026-11-29). save_processor also writes the image settings as preprocessor_config.json,
+    from which transformers builds the video part, as for the hub's checkpoints."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    from grpokit.vision.render import save_processor
+
+    family, _, processor, _ = vl_family
+    save_processor(processor, tmp_path)
+    legacy = tmp_path / "preprocessor_config.json"
+    assert legacy.is_file()
+    if family == "qwen2_5_vl":
+        settings, _ = BaseVideoProcessor.get_video_processor_dict(str(tmp_path))
+        assert settings["patch_size"] == processor.image_processor.patch_size
+        assert settings["merge_size"] == processor.image_processor.merge_size
