@@ -20,12 +20,14 @@ from grpokit.common.models import load_tokenizer
 from grpokit.environments.environment import Environment, EnvSpec
 from grpokit.inference import SamplingSettings
 from grpokit.inference.builtin import BuiltinEngine
+from grpokit.inference.remote import RemoteEngine
 from grpokit.orchestrator.group_play import generate_rollouts
 from grpokit.orchestrator.image_prompts import ImagePrompts
 from grpokit.orchestrator.prompt_length import prompt_token_ids
 from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.vision.images import PixelBudget
 from grpokit.vision.logprobs import image_token_ids
+from tests.support.servers import serving
 from tests.vision.test_later_turn_images import STOPS, fit_base, fit_faithfully, mismatch, refused_at_the_turn
 
 # An Env of its own over the shapes taskset: the player answers the task's prompt (its picture and question),
@@ -204,6 +206,62 @@ def test_a_later_turn_with_a_picture_is_sampled_and_scored_faithfully(vl_family,
     error = mismatch(engine, swapped)
     print(f"{family} {taskset}: scored with another rollout's later picture: {error:.6f}")
     assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own later picture
+
+
+def served_episodes(path: str, env: Environment):
+    """play_episodes through RemoteEngine in front of `grpokit infer` (a BuiltinEngine on `path`): (the
+    server's engine, the driver's prompt ids, the rollouts' groups)."""
+    with serving(path) as (engine, server):
+        remote = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0)
+        remote.setup(path)
+        _, ids, groups = play_episodes(path, env, remote)
+    return engine, ids, groups
+
+
+def test_remote_engine_sends_an_episodes_picture_prompt_to_grpokit_infer(vl_family, look_again):
+    """The role's prompt with its picture goes to the server in each of the episode's requests; the server's
+    logprobs are the trainer's, with each example's own picture."""
+    family, path, _, _ = vl_family
+    engine, ids, groups = served_episodes(path, look_again)
+    placeholders = image_token_ids(engine.model.config)
+    rollouts = [r for group in groups for r in group]
+    for group, prompt_ids in zip(groups, ids):
+        for r in group:
+            assert r.prompt_ids == prompt_ids and any(t in placeholders for t in r.prompt_ids)
+            assert r.vision is not None and r.messages[0]["content"][0]["type"] == "image_url"
+    asked_again = [r for r in rollouts if "Look again" in r.completion_text]  # the second request, answered
+    assert len(asked_again) >= len(rollouts) // 2, [r.completion_text for r in rollouts]
+    error = mismatch(engine, rollouts)
+    print(f"{family}: RemoteEngine, Env episode with a picture: token_mult_prob_error {error:.9f}")
+    assert abs(error - 1) < 1e-4
+    swapped = [replace(r, vision=other[0].vision) for g, other in zip(groups, groups[1:] + groups[:1]) for r in g]
+    assert abs(mismatch(engine, swapped) - 1) > 1e-3  # the server saw each episode's own picture
+
+
+@pytest.mark.parametrize("taskset", ["shapes", "reverse-text"])
+def test_remote_engine_sends_a_later_turn_picture_to_grpokit_infer(vl_family, show_another, taskset):
+    """A later turn() message's picture goes to the server with every picture before it; the server's logprobs
+    are the trainer's, with each rollout's own later picture."""
+    family, path, _, _ = vl_family
+    engine, _, groups = served_episodes(path, show_another(taskset))
+    placeholders = image_token_ids(engine.model.config)
+    first = 1 if taskset == "shapes" else 0  # the pictures of the task's prompt
+    rollouts = [r for group in groups for r in group]
+    shown = [r for r in rollouts if "Now this one:" in r.completion_text]
+    assert len(shown) >= len(rollouts) // 2, [r.completion_text for r in rollouts]
+    for r in shown:  # the later picture: its placeholders in the sequence, its pixels in the image inputs
+        last_picture = max(i for i, t in enumerate(r.completion_ids) if t in placeholders)
+        assert any(r.completion_mask[last_picture:])  # the server sampled a reply after it
+        grids = r.vision.tensors.get("image_grid_thw")
+        assert grids is None or grids.shape[0] == first + 1  # Qwen2.5-VL: a grid per picture
+    error = mismatch(engine, rollouts)
+    print(f"{family} {taskset}: RemoteEngine, a later turn() with a picture: token_mult_prob_error {error:.9f}")
+    assert abs(error - 1) < 1e-4
+    swapped = []  # within a group (the same prompt): each rollout scored with another's later picture
+    for group in groups:
+        mine = [r for r in group if r in shown]
+        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
+    assert abs(mismatch(engine, swapped) - 1) > 1e-3  # the server saw each rollout's own later picture
 
 
 def test_a_later_turn_picture_is_refused_to_a_text_only_policy_naming_the_role(show_another, tiny_model):

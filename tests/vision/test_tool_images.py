@@ -30,9 +30,11 @@ from grpokit.environments.image_turns import ImageTurns
 from grpokit.environments.tool_images import picture_parts, portable_parts
 from grpokit.environments.tools import ToolCall, run_tool_calls
 from grpokit.envs.shapes import COLOURS, SHAPES, ShapesTask, draw_shape
+from grpokit.inference.remote import RemoteEngine
 from grpokit.vision.images import PixelBudget, load_image
 from grpokit.vision.logprobs import image_token_ids
 from grpokit.vision.render import render_prompt
+from tests.support.servers import serving
 from tests.vision.pictures import striped
 from tests.vision.test_later_turn_images import (
     STOPS,
@@ -187,13 +189,43 @@ def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_
     error = mismatch(engine, rollouts)
     print(f"{family}: BuiltinEngine, tool pictures: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
-    swapped = []  # within a group (the same first picture): each rollout scored with another's tool picture
+    error = mismatch(engine, swapped_within_groups(shown))
+    print(f"{family}: scored with another rollout's tool picture: {error:.6f}")
+    assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own picture
+
+
+def swapped_within_groups(shown: list) -> list:
+    """Within a group (the same first picture): each rollout with another's image inputs (its tool picture)."""
+    swapped = []
     for group in {r.group_id for r in shown}:
         mine = [r for r in shown if r.group_id == group]
         swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
-    error = mismatch(engine, swapped)
-    print(f"{family}: scored with another rollout's tool picture: {error:.6f}")
-    assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own picture
+    return swapped
+
+
+def test_remote_engine_sends_tool_pictures_to_grpokit_infer(vl_family, monkeypatch):
+    """RemoteEngine in front of `grpokit infer`: the turn after the tool's call carries the prompt's picture and
+    the tool's, and the server's logprobs are the trainer's."""
+    family, path, _, _ = vl_family
+    with serving(path) as (engine, server):
+        remote = RemoteEngine(base_url=server.url, model_name="tiny", max_retries=0)
+        remote.setup(path)
+        _, rollouts = play(path, monkeypatch, remote)
+    placeholders = image_token_ids(engine.model.config)
+    shown = [r for r in rollouts if SHOWN in r.completion_text]
+    assert len(shown) >= len(rollouts) // 2, [r.completion_text for r in rollouts]
+    for r in shown:  # the tool's picture: in the chat, in the rollout's image inputs, its placeholders sampled on
+        assert r.messages[2]["role"] == "tool" and r.messages[2]["content"][1]["type"] == "image_url"
+        assert r.metrics["tool_calls"] == 1 and r.metrics["tool_errors"] == 0
+        grids = r.vision.tensors.get("image_grid_thw")
+        assert grids is None or grids.shape[0] == 2  # Qwen2.5-VL: the prompt's picture and the tool's
+        last_picture = max(i for i, t in enumerate(r.completion_ids) if t in placeholders)
+        assert any(r.completion_mask[last_picture:])  # the server sampled a reply after the tool's picture
+    error = mismatch(engine, rollouts)
+    print(f"{family}: RemoteEngine, tool pictures: token_mult_prob_error {error:.9f}")
+    assert abs(error - 1) < 1e-4
+    # the server sampled each reply with the rollout's own tool picture: another's is not the server's logprobs
+    assert abs(mismatch(engine, swapped_within_groups(shown)) - 1) > 1e-3
 
 
 def test_an_engine_that_cannot_sample_a_tool_picture_is_refused_naming_the_example(vl_family, monkeypatch):
