@@ -33,19 +33,18 @@ the tool message.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import replace
 from typing import Any
 
 from PIL import Image
 
+from grpokit.common.once import Once
 from grpokit.environments.chat_tokens import PROBE_CHAT
 from grpokit.vision.images import ImageError, PixelBudget, load_image, to_data_url
 from grpokit.vision.messages import check_image_count, is_image_part, prompt_images
 
 log = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # tools whose unusable pictures were warned of, this process
-_WARN_LOCK = threading.Lock()
+_WARNED = Once()  # tools whose unusable pictures were warned of, this process
 TOOL_PICTURE = "a tool returned a picture"
 RESPOND_PICTURE = "respond() returned a message with images"
 
@@ -145,10 +144,7 @@ def checked_pictures(results: list, budget: PixelBudget | None, held: int, where
 
 def _warn_unusable(name: str, reason: str, where: str) -> None:
     """Log, once per tool, that a picture it returned could not be used (counted in env/tool_errors)."""
-    with _WARN_LOCK:
-        first = name not in _WARNED
-        _WARNED.add(name)
-    if first:
+    if _WARNED.first(name):
         log.warning(
             "%s: the tool %r returned a picture that cannot be used (%s); the model gets the tool's error instead "
             "(counted in env/tool_errors; warned once per tool); return smaller pictures, fewer of them, or raise "

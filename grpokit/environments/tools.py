@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.common.once import Once
 from grpokit.environments.tool_images import picture_parts
 from grpokit.environments.workers import POOL
 
@@ -54,7 +55,7 @@ TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut here so one call cannot fill the sequence budget
 TIMEOUT_WARN_EVERY = 100  # a tool's timeouts are logged at the first and every this many after
 _TIMEOUTS: Counter = Counter()  # timed-out calls per tool name, this process
-_UNENCODABLE: set[str] = set()  # tools whose result JSON could not encode (warned once each)
+_UNENCODABLE = Once()  # tools whose result could not be encoded (warned once each)
 _COUNT_LOCK = threading.Lock()
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
@@ -221,10 +222,7 @@ def _warn_timeout(name: str, timeout: float, where: str) -> None:
 def _warn_unencodable(name: str, error: Exception, where: str, what: str = "a value JSON cannot encode") -> None:
     """Log, once per tool, that its result could not be encoded (JSON, or a picture's parts): its author's
     fix, not the model's."""
-    with _COUNT_LOCK:
-        first = name not in _UNENCODABLE
-        _UNENCODABLE.add(name)
-    if first:
+    if _UNENCODABLE.first(name):
         log.warning(
             "tool %r returned %s%s (%s); the model gets an error message (counted in "
             "env/tool_errors); return a str, JSON-encodable data with str keys, or a picture (docs/environments.md)",

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from grpokit.common.models import load_tokenizer
+from grpokit.common.once import Once
 from grpokit.environments import conversation, tool_images
 from grpokit.environments.chat_tokens import ChatTokens
 from grpokit.environments.conversation import Conversation, environment_turn
@@ -138,7 +139,7 @@ def test_a_tool_picture_over_the_budget_is_the_tools_error_logged_naming_the_exa
     budget, reason, monkeypatch, caplog
 ):
     monkeypatch.setattr(ShapesTask, "tools", [look], raising=False)
-    monkeypatch.setattr(tool_images, "_WARNED", set())
+    monkeypatch.setattr(tool_images, "_WARNED", Once())
     conv = opened_with_a_call()
     with caplog.at_level(logging.WARNING):
         turn = environment_turn(conv, budget=budget)
