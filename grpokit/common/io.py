@@ -42,6 +42,29 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def atomic_create_text(path: str | os.PathLike, text: str) -> bool:
+    """Write `text` to `path` only if no file is there: True if written, False if `path` exists.
+
+    Written to a temp file beside `path` and fsynced, then hard-linked to `path`: the link is atomic and
+    fails where a file exists, so of two writers racing for one name exactly one wins, and no reader sees a
+    half-written file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 

@@ -8,7 +8,8 @@ sampling, and any recipe flag (`--data.eval.max_tokens 64`, `--inference RemoteE
 in fit. The problems are the online eval's (data.eval: its env, seed and max_tokens), sampled through the
 same rollout path (grpokit.evaluate.scoring). Weights: grpokit.evaluate.weights. Outputs:
 grpokit.evaluate.report; by default `RUN_DIR/eval/<label>.json` and `.md` (with --base only,
-`{output_dir}/eval_<time>/`).
+`{output_dir}/eval_<time>/`), `<label>-2.json` and so on where an earlier eval holds the name (never
+overwritten: the name says which weights, not which eval set).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=1.0, help="reward >= this counts as correct (pass@k, maj@k)")
     p.add_argument("--no_greedy", "--no-greedy", dest="greedy", action="store_false", help="skip the greedy sample")
     p.add_argument("--seed", type=int, help="seed of the problems, sampling and bootstrap (default data.eval.seed)")
-    p.add_argument("--out", type=Path, help="the JSON to write (the markdown report goes beside it, .md)")
+    p.add_argument("--out", type=Path, help="the JSON to write, replacing any there (the markdown goes beside it)")
     p.add_argument("--chunk", type=int, default=64, help="problems sampled per engine stream (progress steps)")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
@@ -274,8 +275,10 @@ def write_outputs(options, settings, evaluator, models, problems, values, eval_d
         "level": options.level,
     }
     doc = report.result(described, models, problems, comparison)
-    out = options.out or eval_dir / f"{'_vs_'.join(labels)}.json"
-    json_path, md_path = report.write(doc, out)
+    if options.out:
+        json_path, md_path = report.write(doc, options.out)
+    else:
+        json_path, md_path = report.write_new(doc, eval_dir / f"{'_vs_'.join(labels)}.json")
     print(report.markdown(doc), end="")
     log.info("eval results in %s and %s", json_path, md_path)
     return 0

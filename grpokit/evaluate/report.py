@@ -12,9 +12,10 @@ JSON layout:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from grpokit.common.io import atomic_write_json, atomic_write_text
+from grpokit.common.io import atomic_create_text, atomic_write_json, atomic_write_text
 from grpokit.evaluate.scoring import Problem
 from grpokit.orchestrator.eval_metrics import paired_difference
 
@@ -99,3 +100,20 @@ def write(doc: dict, out: Path) -> tuple[Path, Path]:
     atomic_write_json(out, doc)
     atomic_write_text(report, markdown(doc))
     return out, report
+
+
+def write_new(doc: dict, out: Path) -> tuple[Path, Path]:
+    """As `write`, under a name no earlier eval holds: `out`, else `out`'s stem with -2, -3, ... added.
+
+    The default name (`base_vs_step_40.json`) says which weights ran, not on what: two evals of one
+    checkpoint on different eval sets (another question, more problems) must not overwrite each other.
+    """
+    out = Path(out)
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    for n in range(1, 10_000):
+        path = out if n == 1 else out.with_name(f"{out.stem}-{n}{out.suffix}")
+        if atomic_create_text(path, text):
+            report = path.with_suffix(".md")
+            atomic_write_text(report, markdown(doc))
+            return path, report
+    raise FileExistsError(f"{out}: 9,999 evals already hold this name; pass --out")
