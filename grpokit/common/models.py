@@ -98,15 +98,17 @@ def load_causal_lm(
     class (`model_class`), whose forward also takes the image inputs (grpokit.vision).
 
     With quantization "nf4" the linear layers are loaded as bitsandbytes 4-bit NF4 straight onto
-    `device` (nf4_config; the trainer checks bitsandbytes first, grpokit.trainer.quantization); otherwise
-    `device` is ignored and the model loads on the CPU.
+    `device` (nf4_config; the trainer checks bitsandbytes first, grpokit.trainer.quantization); a
+    vision-language model's language model only, its vision tower and projector kept in `dtype`
+    (vision_skip_modules). Otherwise `device` is ignored and the model loads on the CPU.
     """
     path = resolve_model(name)
-    kwargs = {}
+    cls, kwargs = model_class(path), {}
     if quantization is not None:
-        kwargs = {"quantization_config": nf4_config(), "device_map": {"": str(device)}}
+        skip = vision_skip_modules() if cls.__name__ == "AutoModelForImageTextToText" else None
+        kwargs = {"quantization_config": nf4_config(skip_modules=skip), "device_map": {"": str(device)}}
     try:
-        return model_class(path).from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
+        return cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
     except OSError as e:
         raise FileNotFoundError(
             f"cannot load model {name!r} (resolved to {path!r}): {e}. Set model.model "
@@ -139,9 +141,10 @@ def model_class(path: str):
     return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
-def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
-    """transformers' BitsAndBytesConfig for a 4-bit NF4 base with double quantization of the scales.
-    Here, not in the trainer, because loading is common's: `load_causal_lm(quantization="nf4")` uses it."""
+def nf4_config(compute_dtype: torch.dtype = torch.bfloat16, skip_modules: list[str] | None = None):
+    """transformers' BitsAndBytesConfig for a 4-bit NF4 base with double quantization of the scales;
+    `skip_modules` (transformers' llm_int8_skip_modules) stay unquantized (None: transformers' default,
+    the output head). Here, not in the trainer, because loading is common's: `load_causal_lm` uses it."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(
@@ -149,7 +152,23 @@ def nf4_config(compute_dtype: torch.dtype = torch.bfloat16):
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute_dtype,
+        llm_int8_skip_modules=skip_modules,
     )
+
+
+# The module names transformers gives a vision-language model's vision tower and projector (the connector
+# into the language model); grpokit.trainer.vision_parts finds the parts by them.
+VISION_TOWERS = ("vision_model", "visual", "vision_tower")
+VISION_PROJECTORS = ("connector", "merger", "multi_modal_projector")
+
+
+def vision_skip_modules() -> list[str]:
+    """What QLoRA keeps out of 4-bit in a vision-language model: the output head (transformers' default
+    skip, which an explicit list replaces) and the vision tower and projector (VISION_TOWERS and
+    VISION_PROJECTORS, at any depth), as TRL, ms-swift and Unsloth do: they are small beside the language
+    model, and model.vision may train them, which a 4-bit layer cannot."""
+    # transformers matches each linear layer's full name from its start up to a module boundary, as a regex
+    return ["lm_head", rf"(?:.*\.)?(?:{'|'.join(VISION_TOWERS + VISION_PROJECTORS)})"]
 
 
 def load_tokenizer(name: str):

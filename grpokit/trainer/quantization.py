@@ -1,8 +1,9 @@
 """QLoRA's 4-bit NF4 base and bitsandbytes' 8-bit optimizers, with checks that fail at start.
 
 `model.quantization: nf4` loads every linear layer of the base model as bitsandbytes 4-bit NormalFloat
-(NF4, Dettmers et al. 2023) with bf16 compute; peft's `prepare_model_for_kbit_training` then casts the
-remaining weights (embeddings, norms, head) to float32 and LoRA trains on top. `model.optimizer` picks
+(NF4, Dettmers et al. 2023) with bf16 compute, but the output head and a vision-language model's vision
+tower and projector (grpokit.common.models.vision_skip_modules); peft's `prepare_model_for_kbit_training`
+then casts the remaining weights (embeddings, norms, head) to float32 and LoRA trains on top. `model.optimizer` picks
 torch's AdamW or bitsandbytes' AdamW8bit (block-wise 8-bit moments) / PagedAdamW8bit (moments in CUDA
 unified memory, paged to the host under memory pressure).
 

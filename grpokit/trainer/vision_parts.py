@@ -27,8 +27,8 @@ from typing import Literal
 
 import torch
 
-TOWERS = ("vision_model", "visual", "vision_tower")
-PROJECTORS = ("connector", "merger", "multi_modal_projector")
+from grpokit.common.models import VISION_PROJECTORS as PROJECTORS
+from grpokit.common.models import VISION_TOWERS as TOWERS
 
 
 @dataclass
