@@ -3,14 +3,16 @@
 # a task gets allow (docs/benchmarks.md records what each settled).
 #   here:  python bench/gpu_wheels.py && python bench/gpu_check_fit.py --prepare
 #   there: bash bench/gpu_session.sh [CHECK...]      (device tool, carry [".whl", ".gpu"])
-# Checks, in the default order: the ones not yet run first (each capped; one that its cap no longer
-# fits in GPU_SESSION_SECONDS, default 540, is skipped and named in checks.jsonl, so a second call can
-# run the rest). docs/benchmarks.md records what each settled and when.
+# Checks (the default order is the `checks=` line below, the ones still open first): each capped; one
+# that its cap no longer fits in GPU_SESSION_SECONDS, default 540, is skipped and named in checks.jsonl,
+# so a second call can run the rest. docs/benchmarks.md records what each settled and when.
 #   vision         issue 36: grpokit fit on image prompts (tiny Qwen2.5-VL and Idefics3, fp32 and bf16, the
-#                  builtin engine's image path): every step's token_mult_prob_error (bench/gpu_check_vision.py)
+#                  builtin engine's image path): every step's token_mult_prob_error (bench/gpu_check_vision.py;
+#                  passed on an H200, 2026-11-29, after two fixes)
 #   train          bench train through Policy: naive vs the compiled variants, 8,192 tokens, 0.6B shape
 #   grpo           bench train on a GRPO-shaped batch (groups of 8 sharing a 64-token prompt): what the
-#                  LM head on the trained tokens only (logits_to_keep) saves
+#                  LM head on the trained tokens only (logits_to_keep) saves; first, with `train` next, so the
+#                  two run side by side in one call (10-13% slower in two tasks' separate calls)
 #   stream         issue 22: whole-batch vs streaming generation on the Qwen3-0.6B shape, each also
 #                  overlapped with Policy's training steps: step time against max(generation, training)
 #                  (ran on an H200 at 64 slots; now at the 128 rows it asks for)
@@ -105,7 +107,7 @@ check() {  # check NAME: one check of the list above
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(vision fit_repro sft grpo fit_stream engine_stream train stream fit_sync fit step)
+[ ${#checks[@]} -gt 0 ] || checks=(grpo train fit_repro sft fit_stream engine_stream stream fit_sync vision fit step)
 for c in "${checks[@]}"; do check "$c"; done
 python3 - "$WORK" "$OUT/results.json" <<'EOF'
 import json, pathlib, sys
