@@ -28,7 +28,14 @@ from grpokit.orchestrator.rollouts import TurnLimits
 from grpokit.vision.images import PixelBudget
 from grpokit.vision.logprobs import image_token_ids
 from tests.support.servers import serving
-from tests.vision.test_later_turn_images import STOPS, fit_base, fit_faithfully, mismatch, refused_at_the_turn
+from tests.vision.test_later_turn_images import (
+    STOPS,
+    fit_base,
+    fit_faithfully,
+    mismatch,
+    refused_at_the_turn,
+    swapped_within_groups,
+)
 
 # An Env of its own over the shapes taskset: the player answers the task's prompt (its picture and question),
 # then is asked again in text; the picture stays in the player's conversation.
@@ -199,10 +206,7 @@ def test_a_later_turn_with_a_picture_is_sampled_and_scored_faithfully(vl_family,
     error = mismatch(engine, rollouts)
     print(f"{family} {taskset}: Env episode, a later turn() with a picture: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
-    swapped = []  # within a group (the same prompt): each rollout scored with another's later picture
-    for group in groups:
-        mine = [r for r in group if r in shown]
-        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
+    swapped = swapped_within_groups([r for r in group if r in shown] for group in groups)  # another's later picture
     error = mismatch(engine, swapped)
     print(f"{family} {taskset}: scored with another rollout's later picture: {error:.6f}")
     assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own later picture
@@ -257,10 +261,7 @@ def test_remote_engine_sends_a_later_turn_picture_to_grpokit_infer(vl_family, sh
     error = mismatch(engine, rollouts)
     print(f"{family} {taskset}: RemoteEngine, a later turn() with a picture: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
-    swapped = []  # within a group (the same prompt): each rollout scored with another's later picture
-    for group in groups:
-        mine = [r for r in group if r in shown]
-        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
+    swapped = swapped_within_groups([r for r in group if r in shown] for group in groups)  # another's later picture
     assert abs(mismatch(engine, swapped) - 1) > 1e-3  # the server saw each rollout's own later picture
 
 

@@ -143,13 +143,23 @@ def test_later_turn_images_are_sampled_and_scored_faithfully_with_a_mask_on_repl
     error = mismatch(engine, rollouts)
     print(f"BuiltinEngine, later-turn images: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
-    swapped = []  # within a group (the same first picture): each rollout scored with another's later one
-    for group in {r.group_id for r in shown}:
-        mine = [r for r in shown if r.group_id == group]
-        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
-    error = mismatch(engine, swapped)
+    error = mismatch(engine, swapped_within_groups(groups_of(shown)))  # each scored with another's later picture
     print("scored with another rollout's later picture:", error)
     assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own picture
+
+
+def groups_of(rollouts: list) -> list[list]:
+    """`rollouts` by group (the same prompt and first picture), in group id order."""
+    return [[r for r in rollouts if r.group_id == g] for g in sorted({r.group_id for r in rollouts})]
+
+
+def swapped_within_groups(groups) -> list:
+    """Each rollout with the image inputs of the next in its group (rotated): scored so, the engine's logprobs
+    must disagree, which shows a faithfulness check saw each rollout's own later picture."""
+    swapped = []
+    for mine in groups:
+        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
+    return swapped
 
 
 def mismatch(engine, rollouts) -> float:

@@ -16,7 +16,6 @@ import json
 import logging
 import random
 import re
-from dataclasses import replace
 
 import pytest
 import torch
@@ -41,9 +40,11 @@ from tests.vision.test_later_turn_images import (
     STOPS,
     fit_base,
     fit_faithfully,
+    groups_of,
     load_config,
     mismatch,
     refused_at_the_turn,
+    swapped_within_groups,
     two_turns,
 )
 
@@ -190,18 +191,9 @@ def test_tool_pictures_are_sampled_and_scored_faithfully_with_a_mask_on_replies_
     error = mismatch(engine, rollouts)
     print(f"{family}: BuiltinEngine, tool pictures: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
-    error = mismatch(engine, swapped_within_groups(shown))
+    error = mismatch(engine, swapped_within_groups(groups_of(shown)))
     print(f"{family}: scored with another rollout's tool picture: {error:.6f}")
     assert abs(error - 1) > 1e-3  # so the check above sees each rollout's own picture
-
-
-def swapped_within_groups(shown: list) -> list:
-    """Within a group (the same first picture): each rollout with another's image inputs (its tool picture)."""
-    swapped = []
-    for group in {r.group_id for r in shown}:
-        mine = [r for r in shown if r.group_id == group]
-        swapped += [replace(r, vision=other.vision) for r, other in zip(mine, mine[1:] + mine[:1])]
-    return swapped
 
 
 def test_remote_engine_sends_tool_pictures_to_grpokit_infer(vl_family, monkeypatch):
@@ -226,7 +218,7 @@ def test_remote_engine_sends_tool_pictures_to_grpokit_infer(vl_family, monkeypat
     print(f"{family}: RemoteEngine, tool pictures: token_mult_prob_error {error:.9f}")
     assert abs(error - 1) < 1e-4
     # the server sampled each reply with the rollout's own tool picture: another's is not the server's logprobs
-    assert abs(mismatch(engine, swapped_within_groups(shown)) - 1) > 1e-3
+    assert abs(mismatch(engine, swapped_within_groups(groups_of(shown))) - 1) > 1e-3
 
 
 def test_an_engine_that_cannot_sample_a_tool_picture_is_refused_naming_the_example(vl_family, monkeypatch):
