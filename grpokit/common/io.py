@@ -1,8 +1,9 @@
 """Atomic file writes: a reader sees the old file or the whole new one, never half of it.
 
 Every temp-then-rename in grpokit goes through here: bytes, text, JSON and tensors (atomic_write_*),
-a file that a library writes to a path (atomic_path: Lightning's checkpoints), and a folder of files
-(atomic_folder: broadcast steps, the converted model).
+JSON under a name no other writer holds (atomic_create_json: eval reports), a file that a library writes
+to a path (atomic_path: Lightning's checkpoints), and a folder of files (atomic_folder: broadcast steps,
+the converted model).
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ import torch
 from safetensors.torch import save
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`.
-
-    On failure (a full disk, say) the temp file is removed and `path` keeps its previous content; an
-    OSError names `path`.
-    """
+def _write_beside(path: str | os.PathLike, data: bytes, place) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, then `place(tmp, path)` (os.replace: over any file
+    there; os.link: only where none is). The temp file never outlives the call; an OSError names `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -33,36 +31,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
+        place(tmp, path)
+    except OSError as e:  # OSError(errno, ...) keeps the subclass: FileExistsError stays one
         raise OSError(e.errno, f"cannot write {path} ({e.strerror}); its previous content, if any, is unchanged") from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_create_text(path: str | os.PathLike, text: str) -> bool:
-    """Write `text` to `path` only if no file is there: True if written, False if `path` exists.
-
-    Written to a temp file beside `path` and fsynced, then hard-linked to `path`: the link is atomic and
-    fails where a file exists, so of two writers racing for one name exactly one wins, and no reader sees a
-    half-written file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`.
+
+    On failure (a full disk, say) the temp file is removed and `path` keeps its previous content; an
+    OSError names `path`.
+    """
+    _write_beside(path, data, os.replace)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -70,7 +52,24 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True))
+    atomic_write_text(path, _json_text(obj))
+
+
+def atomic_create_json(path: str | os.PathLike, obj: object) -> bool:
+    """Write `obj` as JSON to `path` only if no file is there: True if written, False if `path` exists.
+
+    The temp file is hard-linked to `path`: the link is atomic and fails where a file exists, so of two
+    writers racing for one name exactly one wins, and no reader sees a half-written file.
+    """
+    try:
+        _write_beside(path, _json_text(obj).encode(), os.link)
+        return True
+    except FileExistsError:
+        return False
+
+
+def _json_text(obj: object) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
 
 
 def atomic_save_tensors(

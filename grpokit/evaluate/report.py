@@ -12,10 +12,9 @@ JSON layout:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from grpokit.common.io import atomic_create_text, atomic_write_json, atomic_write_text
+from grpokit.common.io import atomic_create_json, atomic_write_json, atomic_write_text
 from grpokit.evaluate.scoring import Problem
 from grpokit.orchestrator.eval_metrics import paired_difference
 
@@ -109,10 +108,9 @@ def write_new(doc: dict, out: Path) -> tuple[Path, Path]:
     checkpoint on different eval sets (another question, more problems) must not overwrite each other.
     """
     out = Path(out)
-    text = json.dumps(doc, indent=2, sort_keys=True)
     for n in range(1, 10_000):
         path = out if n == 1 else out.with_name(f"{out.stem}-{n}{out.suffix}")
-        if atomic_create_text(path, text):
+        if atomic_create_json(path, doc):
             report = path.with_suffix(".md")
             atomic_write_text(report, markdown(doc))
             return path, report

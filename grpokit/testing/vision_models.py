@@ -115,9 +115,9 @@ def build_tiny_idefics3(path, seed: int = 0, tokenizer_name: str = "smollm2-135m
 def _save(model_class, config, processor, path, seed: int, processor_class: str):
     """A random `model_class(config)` and `processor` saved to `path`; the processor config names the
     family's own processor class (the one AutoProcessor builds where torchvision is installed)."""
-    torch.manual_seed(seed)
     from grpokit.vision.render import save_processor
 
+    torch.manual_seed(seed)
     model_class(config).save_pretrained(path)
     save_processor(processor, path)
     config_file = Path(path) / "processor_config.json"

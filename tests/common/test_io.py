@@ -40,18 +40,18 @@ def test_atomic_folder_replaces_or_keeps_and_leaves_nothing_half_written(tmp_pat
     assert (final / "w").read_text() == "4"
 
 
-def test_atomic_create_text_never_replaces_and_one_of_racing_writers_wins(tmp_path):
+def test_atomic_create_json_never_replaces_and_one_of_racing_writers_wins(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from grpokit.common.io import atomic_create_text
+    from grpokit.common.io import atomic_create_json
 
     path = tmp_path / "base_vs_step_40.json"
-    assert atomic_create_text(path, "first") and not atomic_create_text(path, "second")
-    assert path.read_text() == "first"
+    assert atomic_create_json(path, "first") and not atomic_create_json(path, "second")
+    assert json.loads(path.read_text()) == "first"
     race = tmp_path / "race.json"
     with ThreadPoolExecutor(8) as pool:
-        won = list(pool.map(lambda i: atomic_create_text(race, f"writer {i}"), range(32)))
-    assert won.count(True) == 1 and race.read_text() == f"writer {won.index(True)}"
+        won = list(pool.map(lambda i: atomic_create_json(race, f"writer {i}"), range(32)))
+    assert won.count(True) == 1 and json.loads(race.read_text()) == f"writer {won.index(True)}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base_vs_step_40.json", "race.json"]  # no temp files
 
 
